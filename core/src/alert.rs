@@ -1,0 +1,183 @@
+//! Alerts: fired once per failure record, when the worker writes it.
+
+use std::pin::Pin;
+
+use chrono::{DateTime, Utc};
+
+use crate::backend::FailureRecord;
+use crate::error::Result;
+
+/// A boxed future, for the object-safe [`AlertSink`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A new failure record, announced.
+#[derive(Debug, Clone)]
+pub struct Alert {
+    /// The record (sinks must not print its payload).
+    pub record: FailureRecord,
+    /// When the alert was raised.
+    pub raised_at: DateTime<Utc>,
+}
+
+impl Alert {
+    /// One line for a person: kind, key, attempts, record id and the last error. No payload.
+    pub fn summary(&self) -> String {
+        let r = &self.record;
+        format!(
+            "[{:?}] job `{}` failed for good after {}/{} attempts: key {}, record {}, last error: {}",
+            r.severity, r.kind, r.attempts, r.cap, r.key, r.id, r.last_error
+        )
+    }
+}
+
+/// Where alerts go. Object-safe, so a worker can hold several.
+pub trait AlertSink: Send + Sync + 'static {
+    /// Delivers one alert. An error is logged by the worker; the record is kept either way.
+    fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, Result<()>>;
+}
+
+/// Logs each alert as a `tracing` error event (kind, key, record id, attempts; no payload).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TracingAlerts;
+
+impl AlertSink for TracingAlerts {
+    fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, Result<()>> {
+        let r = &alert.record;
+        tracing::error!(
+            record = %r.id, job_id = %r.job_id, kind = %r.kind, key = %r.key,
+            attempts = r.attempts, severity = ?r.severity, last_error = %r.last_error,
+            "failure record written"
+        );
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[cfg(feature = "webhook")]
+pub use webhook::WebhookAlerts;
+
+#[cfg(feature = "webhook")]
+mod webhook {
+    use std::time::Duration;
+
+    use super::{Alert, AlertSink, BoxFuture};
+    use crate::error::{Error, ErrorKind, Result};
+
+    /// Posts each alert as Slack-compatible JSON (`{"text": …}`) to a webhook URL.
+    ///
+    /// The URL is a secret (it carries the webhook's token): it is never logged.
+    #[derive(Debug, Clone)]
+    pub struct WebhookAlerts {
+        client: reqwest::Client,
+        url: reqwest::Url,
+    }
+
+    impl WebhookAlerts {
+        /// A sink posting to `url`, with a 5-second timeout.
+        pub fn new(url: &str) -> Result<Self> {
+            let url = reqwest::Url::parse(url)
+                .map_err(|_| Error::new(ErrorKind::Config, "the webhook URL does not parse"))?;
+            Self::with_timeout(url, Duration::from_secs(5))
+        }
+
+        /// A sink posting to `url`, giving up after `timeout`.
+        pub fn with_timeout(url: reqwest::Url, timeout: Duration) -> Result<Self> {
+            let client = reqwest::Client::builder()
+                .timeout(timeout)
+                .build()
+                .map_err(|e| Error::new(ErrorKind::Config, "cannot build the webhook client").with_source(e))?;
+            Ok(Self { client, url })
+        }
+    }
+
+    impl AlertSink for WebhookAlerts {
+        fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, Result<()>> {
+            Box::pin(async move {
+                let body = serde_json::json!({ "text": alert.summary() });
+                let response = self
+                    .client
+                    .post(self.url.clone())
+                    .json(&body)
+                    .send()
+                    .await
+                    // `without_url`: the URL holds the webhook's secret.
+                    .map_err(|e| Error::temporary("alert webhook unreachable").with_source(e.without_url()))?;
+                if !response.status().is_success() {
+                    return Err(Error::temporary(format!("alert webhook answered {}", response.status())));
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+#[cfg(all(test, feature = "webhook"))]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::backend::{FailureId, RecordState};
+    use crate::job::{JobId, Severity};
+    use crate::key::{IdempotencyKey, ProviderKey};
+
+    fn alert() -> Alert {
+        let now = Utc::now();
+        Alert {
+            record: FailureRecord {
+                id: FailureId("7".into()),
+                job_id: JobId("3".into()),
+                kind: "send_receipt".into(),
+                key: IdempotencyKey::builder("send_receipt").fact("order", 42).build().unwrap(),
+                provider_key: ProviderKey::mint(),
+                payload: serde_json::json!({"email": "secret@example.com"}),
+                last_error: "smtp 550".into(),
+                errors: vec![],
+                attempts: 5,
+                cap: 5,
+                severity: Severity::Error,
+                first_failed_at: now,
+                last_failed_at: now,
+                state: RecordState::Open,
+            },
+            raised_at: now,
+        }
+    }
+
+    #[tokio::test]
+    async fn webhook_posts_slack_json_without_the_payload() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Read until the JSON body has arrived (small request: headers + body).
+            while !request.ends_with(b"}") {
+                let n = socket.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                request.extend_from_slice(&buf[..n]);
+            }
+            socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await.unwrap();
+            String::from_utf8(request).unwrap()
+        });
+        WebhookAlerts::new(&url).unwrap().send(&alert()).await.unwrap();
+        let request = server.await.unwrap();
+        assert!(request.starts_with("POST /hook"), "{request}");
+        let body: serde_json::Value = serde_json::from_str(request.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        let text = body["text"].as_str().unwrap();
+        assert!(text.contains("send_receipt:order=42") && text.contains("5/5"), "{text}");
+        assert!(!request.contains("secret@example.com"), "the payload never leaves in an alert");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_webhook_is_a_temporary_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        drop(listener);
+        let err = WebhookAlerts::new(&url).unwrap().send(&alert()).await.unwrap_err();
+        assert!(err.is_temporary());
+        assert!(!err.to_string().contains("/hook"), "the URL is a secret: {err}");
+    }
+}

@@ -1,0 +1,343 @@
+//! The contracts a backend implements: small traits over primitives, native `async fn`.
+//!
+//! | trait | what it does |
+//! |---|---|
+//! | [`Enqueue`] | add jobs; created or duplicate; same key with another payload is a conflict |
+//! | [`Claim`] | take jobs under a lease; complete, retry, extend, release or dead-letter with it |
+//! | [`DeadLetter`] | read and manage failure records |
+//! | [`Replay`] | put a failure record's job back with its original keys |
+//! | [`Ledger`] | the effect ledger: fresh / pending / done per key |
+//!
+//! Conveniences (typed jobs, replay by filter) live in [`EnqueueExt`] and [`ReplayExt`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::Result;
+use crate::job::{Job, JobId, JobRecord, NewJob, Severity};
+use crate::key::{IdempotencyKey, ProviderKey};
+
+/// What [`Enqueue::enqueue`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Enqueued {
+    /// A new job.
+    Created(JobId),
+    /// A job with this key and payload already exists (or is within the dedupe window).
+    Duplicate(JobId),
+}
+
+impl Enqueued {
+    /// The job's id, new or existing.
+    pub fn id(&self) -> &JobId {
+        match self {
+            Self::Created(id) | Self::Duplicate(id) => id,
+        }
+    }
+
+    /// Whether this call created the job.
+    pub fn is_created(&self) -> bool {
+        matches!(self, Self::Created(_))
+    }
+}
+
+/// Adds jobs.
+pub trait Enqueue: Send + Sync {
+    /// Adds one job. Errors: [`KeyConflict`](crate::ErrorKind::KeyConflict) for the same key
+    /// with a different payload (where the backend can see it at enqueue),
+    /// [`PayloadTooLarge`](crate::ErrorKind::PayloadTooLarge) before anything is sent.
+    fn enqueue(&self, job: NewJob) -> impl Future<Output = Result<Enqueued>> + Send;
+
+    /// Adds many jobs, in order; one answer per job. A backend sends them in as few calls as
+    /// it can; the whole batch is refused if any payload is too large.
+    fn enqueue_batch(&self, jobs: Vec<NewJob>) -> impl Future<Output = Result<Vec<Enqueued>>> + Send;
+}
+
+/// Typed conveniences over [`Enqueue`].
+pub trait EnqueueExt: Enqueue {
+    /// Enqueues a typed job: derives its key from its fields, mints its provider key.
+    fn enqueue_job<J: Job + Sync>(&self, job: &J) -> impl Future<Output = Result<Enqueued>> + Send {
+        let new = NewJob::from_job(job);
+        async move { self.enqueue(new?).await }
+    }
+}
+
+impl<T: Enqueue + ?Sized> EnqueueExt for T {}
+
+/// A claimed job's exclusive hold. Every later call about the job presents it; a lease that is
+/// no longer the job's current one gets [`LeaseLost`](crate::ErrorKind::LeaseLost).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The job.
+    pub job_id: JobId,
+    /// The fencing token: a lease token, SQS receipt handle or Azure pop receipt.
+    /// Never logged.
+    pub token: String,
+}
+
+/// A job taken by [`Claim::claim`].
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The job.
+    pub job: JobRecord,
+    /// Its lease.
+    pub lease: Lease,
+}
+
+/// Takes jobs under a lease and settles them.
+pub trait Claim: Send + Sync {
+    /// Takes up to `max` ready jobs for `lease`, counting an attempt on each. Waits up to `wait`
+    /// for work when there is none, then returns an empty list.
+    fn claim(&self, max: usize, lease: Duration, wait: Duration) -> impl Future<Output = Result<Vec<Claimed>>> + Send;
+
+    /// The job is done; it will not run again.
+    fn complete(&self, lease: &Lease) -> impl Future<Output = Result<()>> + Send;
+
+    /// The attempt failed; make the job ready again after `delay`, keeping `error`.
+    fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Extends the lease to `lease` from now (a heartbeat for long handlers).
+    fn extend(&self, lease: &Lease, by: Duration) -> impl Future<Output = Result<()>> + Send;
+
+    /// Gives the job back at once, its attempt still counted (graceful shutdown).
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<()>> + Send;
+
+    /// Ends the job as a failure record with the full payload, `error` as the last error and
+    /// the attempts used. Returns the record, which has not been alerted on yet.
+    fn dead_letter(&self, job: &Claimed, error: &str) -> impl Future<Output = Result<FailureRecord>> + Send;
+}
+
+/// A backend's id for a failure record.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct FailureId(pub String);
+
+impl std::fmt::Display for FailureId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One failed attempt in a record's error history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptError {
+    /// The attempt's number.
+    pub attempt: u32,
+    /// When it failed.
+    pub at: DateTime<Utc>,
+    /// The error it ended with.
+    pub error: String,
+}
+
+/// Where a failure record stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "lowercase")]
+pub enum RecordState {
+    /// Waiting for a person.
+    Open,
+    /// Put back on the queue with its original keys.
+    Replayed {
+        /// When.
+        at: DateTime<Utc>,
+    },
+    /// Closed without a replay.
+    Discarded {
+        /// When.
+        at: DateTime<Utc>,
+        /// Why.
+        reason: String,
+        /// Who.
+        actor: String,
+    },
+}
+
+impl RecordState {
+    /// Whether the record still waits for a person.
+    pub fn is_open(&self) -> bool {
+        matches!(self, Self::Open)
+    }
+}
+
+/// A dead-letter entry: everything a person needs to understand and replay the job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    /// The record's id.
+    pub id: FailureId,
+    /// The failed job's id.
+    pub job_id: JobId,
+    /// The job kind.
+    pub kind: String,
+    /// The business-fact key, reused by a replay.
+    pub key: IdempotencyKey,
+    /// The provider key, reused by a replay.
+    pub provider_key: ProviderKey,
+    /// The full payload.
+    pub payload: Value,
+    /// The last attempt's error.
+    pub last_error: String,
+    /// Every failed attempt the backend kept, oldest first (may hold only the last).
+    pub errors: Vec<AttemptError>,
+    /// Attempts used.
+    pub attempts: u32,
+    /// The cap the job had.
+    pub cap: u32,
+    /// The job's alert severity.
+    pub severity: Severity,
+    /// The first failed attempt's time.
+    pub first_failed_at: DateTime<Utc>,
+    /// When the record was written.
+    pub last_failed_at: DateTime<Utc>,
+    /// Open, replayed or discarded.
+    pub state: RecordState,
+}
+
+/// Which records [`DeadLetter::list`] returns, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailureQuery {
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// Only open records (`Some(true)`), only closed ones (`Some(false)`), or all.
+    pub open: Option<bool>,
+    /// Only records that failed before this time.
+    pub failed_before: Option<DateTime<Utc>>,
+    /// Records after this id (the last id of the previous page).
+    pub after: Option<FailureId>,
+    /// At most this many; `0` means 100.
+    pub limit: usize,
+}
+
+impl FailureQuery {
+    /// Open records of any kind, first page.
+    pub fn open() -> Self {
+        Self { open: Some(true), ..Self::default() }
+    }
+
+    /// The page size, with the default applied.
+    pub fn page_size(&self) -> usize {
+        if self.limit == 0 { 100 } else { self.limit }
+    }
+
+    /// Whether `record` passes the filters (not the paging).
+    pub fn matches(&self, record: &FailureRecord) -> bool {
+        self.kind.as_ref().is_none_or(|k| *k == record.kind)
+            && self.open.is_none_or(|open| open == record.state.is_open())
+            && self.failed_before.is_none_or(|t| record.last_failed_at < t)
+    }
+}
+
+/// Reads and manages failure records without consuming them.
+pub trait DeadLetter: Send + Sync {
+    /// Records matching `query`, oldest first.
+    fn list(&self, query: &FailureQuery) -> impl Future<Output = Result<Vec<FailureRecord>>> + Send;
+
+    /// One record; [`NotFound`](crate::ErrorKind::NotFound) if it does not exist.
+    fn get(&self, id: &FailureId) -> impl Future<Output = Result<FailureRecord>> + Send;
+
+    /// How many records are open: the figure a health check or metric reads.
+    fn count_open(&self) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Closes an open record without replaying it, keeping why and who.
+    fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes records (any state) whose last failure is older than `age`, payloads included.
+    /// Returns how many.
+    fn purge(&self, age: Duration) -> impl Future<Output = Result<u64>> + Send;
+}
+
+/// What [`Replay::replay`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayOutcome {
+    /// The job is back on the queue with its original keys; the record is closed as replayed.
+    Replayed(JobId),
+    /// The record was already closed; nothing was enqueued.
+    AlreadyClosed(RecordState),
+}
+
+/// Puts failed jobs back.
+pub trait Replay: Send + Sync {
+    /// Replays one open record with its original keys and closes it.
+    fn replay(&self, id: &FailureId) -> impl Future<Output = Result<ReplayOutcome>> + Send;
+}
+
+/// Conveniences over [`Replay`] and [`DeadLetter`].
+pub trait ReplayExt: Replay + DeadLetter {
+    /// Replays every open record matching `query` (all pages), at most `per_second` a second.
+    /// Returns the jobs put back.
+    fn replay_matching(
+        &self,
+        query: &FailureQuery,
+        per_second: u32,
+    ) -> impl Future<Output = Result<Vec<JobId>>> + Send {
+        let mut query = FailureQuery { open: Some(true), after: None, ..query.clone() };
+        let gap = Duration::from_secs(1) / per_second.max(1);
+        async move {
+            let mut replayed = Vec::new();
+            let mut pace = tokio::time::interval(gap);
+            loop {
+                let page = self.list(&query).await?;
+                for record in &page {
+                    pace.tick().await;
+                    if let ReplayOutcome::Replayed(job) = self.replay(&record.id).await? {
+                        replayed.push(job);
+                    }
+                }
+                match page.last() {
+                    Some(last) if page.len() == query.page_size() => query.after = Some(last.id.clone()),
+                    _ => return Ok(replayed),
+                }
+            }
+        }
+    }
+}
+
+impl<T: Replay + DeadLetter + ?Sized> ReplayExt for T {}
+
+/// A key held by one attempt in the effect ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    /// The key.
+    pub key: IdempotencyKey,
+    /// This attempt's token; a hold taken over by a later attempt no longer matches.
+    pub token: String,
+}
+
+/// What [`Ledger::begin`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Begin {
+    /// No attempt has started this effect: go ahead.
+    Fresh(Hold),
+    /// An earlier attempt started the effect and did not finish; it may have reached the
+    /// provider. Go ahead with the provider key.
+    Resumed(Hold),
+    /// Another attempt holds the key right now: try again after this long.
+    Busy(Duration),
+    /// The effect happened; here is its stored result. Skip.
+    Done(Value),
+}
+
+/// The effect ledger (processed keys): what makes an effect happen once, whatever the queue
+/// delivers. Key first: `begin` marks the key pending before the outside call, `finish` marks it
+/// done after.
+pub trait Ledger: Send + Sync {
+    /// Starts an attempt at the effect of `key`, holding it for `hold`. The payload
+    /// `fingerprint` is stored with the key; a later begin with another fingerprint is a
+    /// [`KeyConflict`](crate::ErrorKind::KeyConflict).
+    fn begin(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &str,
+        hold: Duration,
+    ) -> impl Future<Output = Result<Begin>> + Send;
+
+    /// Keeps holding the key for `by` from now.
+    fn extend_hold(&self, hold: &Hold, by: Duration) -> impl Future<Output = Result<()>> + Send;
+
+    /// Lets go of the key without finishing: it stays pending, and the next attempt resumes.
+    fn release_hold(&self, hold: &Hold) -> impl Future<Output = Result<()>> + Send;
+
+    /// Marks the effect done with its result. Idempotent.
+    fn finish(&self, hold: &Hold, result: &Value) -> impl Future<Output = Result<()>> + Send;
+}

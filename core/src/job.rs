@@ -1,0 +1,330 @@
+//! Jobs: the typed job API, the job as it is enqueued and as it is claimed.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::{IdempotencyKey, KeyBuilder, ProviderKey, check_name};
+
+/// The attempt cap a job gets when its type names none.
+pub const DEFAULT_CAP: u32 = 5;
+
+/// How loudly a failure record of this job should page someone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Worth a look during working hours.
+    Warning,
+    /// Someone should act on it (the default).
+    #[default]
+    Error,
+    /// Money or data is at stake: page now.
+    Critical,
+}
+
+/// A typed job: its kind, how its key derives from its own fields, and optionally its cap and
+/// severity.
+///
+/// ```
+/// use redrive_core::{Job, KeyBuilder};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct SendReceipt { order_id: u64, email: String }
+///
+/// impl Job for SendReceipt {
+///     const KIND: &'static str = "send_receipt";
+///     // One receipt per order: the email address is not part of the effect's identity.
+///     fn key(&self, key: KeyBuilder) -> KeyBuilder {
+///         key.fact("order", self.order_id)
+///     }
+/// }
+/// ```
+pub trait Job: Serialize + DeserializeOwned + Send + 'static {
+    /// The job kind, `[A-Za-z0-9_.-]{1,64}`.
+    const KIND: &'static str;
+    /// The most attempts this kind gets; `None` means [`DEFAULT_CAP`].
+    const CAP: Option<u32> = None;
+    /// How loudly its failure records alert.
+    const SEVERITY: Severity = Severity::Error;
+
+    /// Adds the business facts that identify this job's one intended effect.
+    fn key(&self, key: KeyBuilder) -> KeyBuilder;
+}
+
+/// A job ready to enqueue: its keys are fixed here, once, and never re-derived by a retry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    /// The job kind.
+    pub kind: String,
+    /// The business-fact key.
+    pub key: IdempotencyKey,
+    /// The provider key, minted when this value was made.
+    pub provider_key: ProviderKey,
+    /// The payload, as JSON.
+    pub payload: Value,
+    /// The attempt cap.
+    pub cap: u32,
+    /// The alert severity.
+    pub severity: Severity,
+}
+
+impl NewJob {
+    /// Builds the job from a typed value: derives its key and mints its provider key.
+    pub fn from_job<J: Job>(job: &J) -> Result<Self> {
+        let key = job.key(IdempotencyKey::builder(J::KIND)).build()?;
+        let payload = serde_json::to_value(job)
+            .map_err(|e| Error::new(ErrorKind::Decode, "job does not serialize to JSON").with_source(e))?;
+        let mut new = Self::new(J::KIND, key, payload)?;
+        new.cap = J::CAP.unwrap_or(DEFAULT_CAP).max(1);
+        new.severity = J::SEVERITY;
+        Ok(new)
+    }
+
+    /// Builds a job from its parts, for producers without a Rust type for it.
+    pub fn new(kind: impl Into<String>, key: IdempotencyKey, payload: Value) -> Result<Self> {
+        let kind = kind.into();
+        check_name("job kind", &kind)?;
+        Ok(Self {
+            kind,
+            key,
+            provider_key: ProviderKey::mint(),
+            payload,
+            cap: DEFAULT_CAP,
+            severity: Severity::default(),
+        })
+    }
+
+    /// Sets the attempt cap (at least 1).
+    pub fn with_cap(mut self, cap: u32) -> Self {
+        self.cap = cap.max(1);
+        self
+    }
+
+    /// The payload's fingerprint; see [`payload_fingerprint`].
+    pub fn fingerprint(&self) -> String {
+        payload_fingerprint(&self.payload)
+    }
+
+    /// The payload's size in bytes as compact JSON, the figure checked against a backend's limit.
+    pub fn payload_len(&self) -> usize {
+        serde_json::to_vec(&self.payload).map_or(usize::MAX, |v| v.len())
+    }
+
+    /// Refuses a payload over `limit` bytes with [`ErrorKind::PayloadTooLarge`].
+    pub fn check_size(&self, limit: usize) -> Result<()> {
+        let len = self.payload_len();
+        if len > limit {
+            return Err(Error::new(
+                ErrorKind::PayloadTooLarge,
+                format!("payload of job {} is {len} bytes, over the limit of {limit}", self.key),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Hex SHA-256 of the payload's canonical JSON (object keys sorted, no whitespace), so that a
+/// store that reorders keys (Postgres `jsonb`) still compares payloads correctly.
+pub fn payload_fingerprint(payload: &Value) -> String {
+    fn write(value: &Value, out: &mut String) {
+        match value {
+            Value::Object(map) => {
+                let mut entries: Vec<_> = map.iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+                out.push('{');
+                for (i, (k, v)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push(':');
+                    write(v, out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(v, out);
+                }
+                out.push(']');
+            }
+            scalar => out.push_str(&scalar.to_string()),
+        }
+    }
+    let mut canonical = String::new();
+    write(payload, &mut canonical);
+    hex::encode(Sha256::digest(canonical.as_bytes()))
+}
+
+/// A backend's id for a job: a row id, an SQS `MessageId`, a QStash `messageId`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JobId(pub String);
+
+impl std::fmt::Display for JobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A job as a worker receives it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    /// The backend's id.
+    pub id: JobId,
+    /// The job kind.
+    pub kind: String,
+    /// The business-fact key.
+    pub key: IdempotencyKey,
+    /// The provider key, unchanged since the job was created.
+    pub provider_key: ProviderKey,
+    /// The payload.
+    pub payload: Value,
+    /// This attempt's number, counted at claim: 1 on the first delivery.
+    pub attempt: u32,
+    /// The attempt cap.
+    pub cap: u32,
+    /// The alert severity.
+    pub severity: Severity,
+    /// When the job was first enqueued.
+    pub enqueued_at: DateTime<Utc>,
+}
+
+/// What a handler knows about the job it runs.
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    /// The backend's id.
+    pub job_id: JobId,
+    /// The job kind.
+    pub kind: String,
+    /// This attempt's number, 1-based.
+    pub attempt: u32,
+    /// The attempt cap.
+    pub cap: u32,
+    /// The business-fact key.
+    pub key: IdempotencyKey,
+    /// Send this to providers that take an idempotency key of their own.
+    pub provider_key: ProviderKey,
+    /// An earlier attempt started the effect and did not finish: it may have reached the
+    /// provider, so send the provider key and expect the provider to dedupe.
+    pub earlier_attempt_pending: bool,
+}
+
+/// Why a handler did not finish, and what should happen next.
+///
+/// `?` turns any `std::error::Error` into a retryable `JobError`; say
+/// [`JobError::permanent`] when retrying cannot help.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobError {
+    message: String,
+    retry: Option<Option<Duration>>,
+}
+
+impl JobError {
+    /// Retry with the worker's backoff.
+    pub fn retry(message: impl std::fmt::Display) -> Self {
+        Self { message: message.to_string(), retry: Some(None) }
+    }
+
+    /// Retry after `delay` (a provider's `Retry-After`, say).
+    pub fn retry_after(delay: Duration, message: impl std::fmt::Display) -> Self {
+        Self { message: message.to_string(), retry: Some(Some(delay)) }
+    }
+
+    /// Do not retry: the job goes to a failure record now.
+    pub fn permanent(message: impl std::fmt::Display) -> Self {
+        Self { message: message.to_string(), retry: None }
+    }
+
+    /// The message stored as the record's last error.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// `None` for a permanent error; otherwise the requested delay, if any.
+    pub fn retry_delay(&self) -> Option<Option<Duration>> {
+        self.retry
+    }
+}
+
+impl<E: std::error::Error> From<E> for JobError {
+    fn from(error: E) -> Self {
+        Self::retry(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    struct Grant {
+        account: String,
+        period: String,
+        credits: u32,
+    }
+
+    impl Job for Grant {
+        const KIND: &'static str = "grant_credits";
+        const CAP: Option<u32> = Some(3);
+        const SEVERITY: Severity = Severity::Critical;
+        fn key(&self, key: KeyBuilder) -> KeyBuilder {
+            key.fact("account", &self.account).fact("period", &self.period)
+        }
+    }
+
+    #[test]
+    fn typed_jobs_fix_key_cap_and_severity_once() {
+        let job = Grant { account: "a1".into(), period: "2026-11".into(), credits: 10 };
+        let first = NewJob::from_job(&job).unwrap();
+        let second = NewJob::from_job(&job).unwrap();
+        assert_eq!(first.key.as_str(), "grant_credits:account=a1:period=2026-11");
+        assert_eq!(first.key, second.key, "the business key is the same every time");
+        assert_ne!(first.provider_key, second.provider_key, "a new job gets a new provider key");
+        assert_eq!((first.cap, first.severity), (3, Severity::Critical));
+        assert_eq!(first.payload, json!({"account": "a1", "period": "2026-11", "credits": 10}));
+    }
+
+    #[test]
+    fn fingerprint_ignores_key_order_and_sees_values() {
+        let a = payload_fingerprint(&json!({"a": 1, "b": [1, {"y": 2, "x": 1}]}));
+        let b = payload_fingerprint(&json!({"b": [1, {"x": 1, "y": 2}], "a": 1}));
+        assert_eq!(a, b);
+        assert_ne!(a, payload_fingerprint(&json!({"a": 2, "b": [1, {"x": 1, "y": 2}]})));
+        assert_eq!(
+            payload_fingerprint(&json!({"n": 1})),
+            hex::encode(Sha256::digest(br#"{"n":1}"#)),
+            "the fingerprint is SHA-256 of the canonical JSON"
+        );
+    }
+
+    #[test]
+    fn oversized_payloads_are_refused() {
+        let key = IdempotencyKey::builder("k").fact("a", 1).build().unwrap();
+        let job = NewJob::new("k", key, json!({"blob": "x".repeat(100)})).unwrap();
+        assert_eq!(job.check_size(50).unwrap_err().kind(), ErrorKind::PayloadTooLarge);
+        assert!(job.check_size(200).is_ok());
+    }
+
+    #[test]
+    fn any_error_converts_to_a_retry() {
+        fn fails() -> Result<(), JobError> {
+            Err(std::io::Error::other("smtp down"))?
+        }
+        let err = fails().unwrap_err();
+        assert_eq!(err.retry_delay(), Some(None));
+        assert_eq!(JobError::permanent("bad address").retry_delay(), None);
+    }
+}

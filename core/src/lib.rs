@@ -1,0 +1,35 @@
+//! redrive-core: the contracts, the key and attempt logic, the worker and the in-memory backend
+//! of [redrive](https://docs.rs/redrive).
+//!
+//! - [`IdempotencyKey`]: one stable ID per intended effect, from business facts.
+//! - [`Job`]: a typed job declares its kind, its key, its cap and severity.
+//! - [`Enqueue`], [`Claim`], [`DeadLetter`], [`Replay`], [`Ledger`]: what a backend implements.
+//! - [`Worker`]: claim → decode → ledger check → handler → complete, retry or failure record.
+//! - [`MemoryBackend`]: every contract in memory, the reference and the embedded default.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod alert;
+pub mod backend;
+pub mod envelope;
+pub mod error;
+pub mod job;
+pub mod key;
+pub mod memory;
+pub mod policy;
+pub mod worker;
+
+#[cfg(feature = "webhook")]
+pub use alert::WebhookAlerts;
+pub use alert::{Alert, AlertSink, TracingAlerts};
+pub use backend::{
+    AttemptError, Begin, Claim, Claimed, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId, FailureQuery,
+    FailureRecord, Hold, Lease, Ledger, RecordState, Replay, ReplayExt, ReplayOutcome,
+};
+pub use envelope::Envelope;
+pub use error::{Error, ErrorKind, Result, Retry};
+pub use job::{DEFAULT_CAP, Job, JobContext, JobError, JobId, JobRecord, NewJob, Severity, payload_fingerprint};
+pub use key::{IdempotencyKey, KeyBuilder, ProviderKey};
+pub use memory::MemoryBackend;
+pub use policy::{Backoff, Decision, Outcome, RetryPolicy};
+pub use worker::{Handler, RunningWorker, Worker, WorkerBuilder, WorkerConfig, WorkerStats};

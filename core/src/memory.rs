@@ -1,0 +1,498 @@
+//! The in-memory backend: the reference for redrive's semantics and the embedded default.
+//!
+//! It implements every contract with real lease expiry and fencing, in one process, with
+//! nothing persisted. Use it for tests, examples and single-process tools.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::Value;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::backend::{
+    AttemptError, Begin, Claim, Claimed, DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery, FailureRecord, Hold,
+    Lease, Ledger, RecordState, Replay, ReplayOutcome,
+};
+use crate::error::{Error, ErrorKind, Result};
+use crate::job::{JobId, JobRecord, NewJob};
+use crate::key::IdempotencyKey;
+
+/// A queue, dead-letter store and effect ledger in memory. Clones share the same state.
+#[derive(Debug, Clone)]
+pub struct MemoryBackend {
+    state: Arc<Mutex<State>>,
+    work: Arc<Notify>,
+    max_payload: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_id: u64,
+    jobs: BTreeMap<u64, StoredJob>,
+    by_key: HashMap<IdempotencyKey, u64>,
+    next_record: u64,
+    records: BTreeMap<u64, FailureRecord>,
+    ledger: HashMap<IdempotencyKey, LedgerEntry>,
+}
+
+#[derive(Debug)]
+struct StoredJob {
+    job: NewJob,
+    fingerprint: String,
+    enqueued_at: chrono::DateTime<Utc>,
+    attempts: u32,
+    status: Status,
+    errors: Vec<AttemptError>,
+}
+
+#[derive(Debug, PartialEq)]
+enum Status {
+    Queued { ready_at: Instant },
+    Running { token: String, expires: Instant },
+    Done,
+    Failed,
+}
+
+#[derive(Debug)]
+struct LedgerEntry {
+    fingerprint: String,
+    state: Effect,
+}
+
+#[derive(Debug)]
+enum Effect {
+    Pending { token: String, until: Instant },
+    Done(Value),
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    /// The payload limit unless set otherwise: 256 KiB, the smallest of the hosted queues'.
+    pub const DEFAULT_MAX_PAYLOAD: usize = 256 * 1024;
+
+    /// An empty backend.
+    pub fn new() -> Self {
+        Self::with_max_payload(Self::DEFAULT_MAX_PAYLOAD)
+    }
+
+    /// An empty backend refusing payloads over `bytes`.
+    pub fn with_max_payload(bytes: usize) -> Self {
+        Self { state: Arc::default(), work: Arc::new(Notify::new()), max_payload: bytes }
+    }
+
+    /// The payload limit in bytes.
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent state (every mutation is one step).
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The stored job behind a lease, if the lease is still its current one.
+    fn fenced<'s>(state: &'s mut State, lease: &Lease) -> Result<&'s mut StoredJob> {
+        let id = parse_id(&lease.job_id.0)?;
+        match state.jobs.get_mut(&id) {
+            Some(job) if matches!(&job.status, Status::Running { token, .. } if *token == lease.token) => Ok(job),
+            Some(_) => Err(Error::new(ErrorKind::LeaseLost, format!("job {id} is no longer held by this lease"))),
+            None => Err(Error::new(ErrorKind::NotFound, format!("job {id} does not exist"))),
+        }
+    }
+}
+
+fn parse_id(id: &str) -> Result<u64> {
+    id.parse().map_err(|_| Error::new(ErrorKind::NotFound, format!("no job or record with id {id:?}")))
+}
+
+fn token() -> String {
+    Uuid::new_v4().to_string()
+}
+
+impl State {
+    fn enqueue(&mut self, job: NewJob) -> Result<Enqueued> {
+        let fingerprint = job.fingerprint();
+        if let Some(&id) = self.by_key.get(&job.key) {
+            if self.jobs[&id].fingerprint != fingerprint {
+                return Err(Error::new(
+                    ErrorKind::KeyConflict,
+                    format!("key {} already belongs to job {id} with a different payload", job.key),
+                ));
+            }
+            return Ok(Enqueued::Duplicate(JobId(id.to_string())));
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        self.by_key.insert(job.key.clone(), id);
+        let status = Status::Queued { ready_at: Instant::now() };
+        let stored = StoredJob { job, fingerprint, enqueued_at: Utc::now(), attempts: 0, status, errors: vec![] };
+        self.jobs.insert(id, stored);
+        Ok(Enqueued::Created(JobId(id.to_string())))
+    }
+
+    /// Claims ready jobs, or says when the next one becomes ready.
+    fn claim(&mut self, max: usize, lease: Duration, now: Instant) -> (Vec<Claimed>, Option<Instant>) {
+        let mut claimed = Vec::new();
+        let mut next_ready: Option<Instant> = None;
+        for (id, stored) in self.jobs.iter_mut() {
+            let ready_at = match &stored.status {
+                Status::Queued { ready_at } => *ready_at,
+                // An expired lease makes the job claimable again: the lazy form of a sweep.
+                Status::Running { expires, .. } => *expires,
+                Status::Done | Status::Failed => continue,
+            };
+            if ready_at > now {
+                next_ready = Some(next_ready.map_or(ready_at, |n| n.min(ready_at)));
+                continue;
+            }
+            if claimed.len() == max {
+                break;
+            }
+            stored.attempts += 1;
+            let token = token();
+            stored.status = Status::Running { token: token.clone(), expires: now + lease };
+            let job = &stored.job;
+            claimed.push(Claimed {
+                job: JobRecord {
+                    id: JobId(id.to_string()),
+                    kind: job.kind.clone(),
+                    key: job.key.clone(),
+                    provider_key: job.provider_key,
+                    payload: job.payload.clone(),
+                    attempt: stored.attempts,
+                    cap: job.cap,
+                    severity: job.severity,
+                    enqueued_at: stored.enqueued_at,
+                },
+                lease: Lease { job_id: JobId(id.to_string()), token },
+            });
+        }
+        (claimed, next_ready)
+    }
+}
+
+impl Enqueue for MemoryBackend {
+    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        job.check_size(self.max_payload)?;
+        let result = self.lock().enqueue(job)?;
+        self.work.notify_waiters();
+        Ok(result)
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        for job in &jobs {
+            job.check_size(self.max_payload)?;
+        }
+        let results = {
+            let mut state = self.lock();
+            // All or nothing: find any key conflict before the first insert.
+            let mut seen = HashMap::new();
+            for job in &jobs {
+                let fingerprint = job.fingerprint();
+                let known = state.by_key.get(&job.key).map(|id| &state.jobs[id].fingerprint);
+                let earlier = seen.insert(&job.key, fingerprint.clone());
+                if known.is_some_and(|f| *f != fingerprint) || earlier.is_some_and(|f| f != fingerprint) {
+                    return Err(Error::new(
+                        ErrorKind::KeyConflict,
+                        format!("key {} is used with two payloads", job.key),
+                    ));
+                }
+            }
+            jobs.into_iter().map(|job| state.enqueue(job)).collect::<Result<Vec<_>>>()?
+        };
+        self.work.notify_waiters();
+        Ok(results)
+    }
+}
+
+impl Claim for MemoryBackend {
+    async fn claim(&self, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+        let deadline = Instant::now() + wait;
+        loop {
+            // Register for wake-ups before looking, so an enqueue in between is not missed.
+            let notified = self.work.notified();
+            let (claimed, next_ready) = self.lock().claim(max, lease, Instant::now());
+            let now = Instant::now();
+            if !claimed.is_empty() || now >= deadline {
+                return Ok(claimed);
+            }
+            let until = next_ready.map_or(deadline, |t| t.min(deadline));
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    async fn complete(&self, lease: &Lease) -> Result<()> {
+        Self::fenced(&mut self.lock(), lease)?.status = Status::Done;
+        Ok(())
+    }
+
+    async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
+        let mut state = self.lock();
+        let job = Self::fenced(&mut state, lease)?;
+        job.errors.push(AttemptError { attempt: job.attempts, at: Utc::now(), error: error.to_owned() });
+        job.status = Status::Queued { ready_at: Instant::now() + delay };
+        drop(state);
+        self.work.notify_waiters();
+        Ok(())
+    }
+
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<()> {
+        let mut state = self.lock();
+        if let Status::Running { expires, .. } = &mut Self::fenced(&mut state, lease)?.status {
+            *expires = Instant::now() + by;
+        }
+        Ok(())
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        Self::fenced(&mut self.lock(), lease)?.status = Status::Queued { ready_at: Instant::now() };
+        self.work.notify_waiters();
+        Ok(())
+    }
+
+    async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<FailureRecord> {
+        let mut state = self.lock();
+        let job = Self::fenced(&mut state, &claimed.lease)?;
+        let now = Utc::now();
+        job.status = Status::Failed;
+        job.errors.push(AttemptError { attempt: job.attempts, at: now, error: error.to_owned() });
+        let errors = std::mem::take(&mut job.errors);
+        let (attempts, new) = (job.attempts, job.job.clone());
+        state.next_record += 1;
+        let record = FailureRecord {
+            id: FailureId(state.next_record.to_string()),
+            job_id: claimed.lease.job_id.clone(),
+            kind: new.kind,
+            key: new.key,
+            provider_key: new.provider_key,
+            payload: new.payload,
+            last_error: error.to_owned(),
+            first_failed_at: errors.first().map_or(now, |e| e.at),
+            errors,
+            attempts,
+            cap: new.cap,
+            severity: new.severity,
+            last_failed_at: now,
+            state: RecordState::Open,
+        };
+        let n = state.next_record;
+        state.records.insert(n, record.clone());
+        Ok(record)
+    }
+}
+
+impl DeadLetter for MemoryBackend {
+    async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
+        let after = query.after.as_ref().map(|id| parse_id(&id.0)).transpose()?.unwrap_or(0);
+        let state = self.lock();
+        let page = state.records.range(after + 1..).map(|(_, r)| r).filter(|r| query.matches(r));
+        Ok(page.take(query.page_size()).cloned().collect())
+    }
+
+    async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
+        let n = parse_id(&id.0)?;
+        self.lock()
+            .records
+            .get(&n)
+            .cloned()
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))
+    }
+
+    async fn count_open(&self) -> Result<u64> {
+        Ok(self.lock().records.values().filter(|r| r.state.is_open()).count() as u64)
+    }
+
+    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        let n = parse_id(&id.0)?;
+        let mut state = self.lock();
+        let record = state
+            .records
+            .get_mut(&n)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))?;
+        if record.state.is_open() {
+            record.state =
+                RecordState::Discarded { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
+        }
+        Ok(())
+    }
+
+    async fn purge(&self, age: Duration) -> Result<u64> {
+        let horizon = Utc::now() - age;
+        let mut state = self.lock();
+        let before = state.records.len();
+        state.records.retain(|_, r| r.last_failed_at >= horizon);
+        Ok((before - state.records.len()) as u64)
+    }
+}
+
+impl Replay for MemoryBackend {
+    async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
+        let n = parse_id(&id.0)?;
+        let mut state = self.lock();
+        let record =
+            state.records.get(&n).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))?;
+        if !record.state.is_open() {
+            return Ok(ReplayOutcome::AlreadyClosed(record.state.clone()));
+        }
+        let job_id = record.job_id.clone();
+        // Reset the existing job: a fresh enqueue with the same key would only find a duplicate.
+        let job = state
+            .jobs
+            .get_mut(&parse_id(&job_id.0)?)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, "the record's job is gone"))?;
+        job.attempts = 0;
+        job.errors.clear();
+        job.status = Status::Queued { ready_at: Instant::now() };
+        state.records.get_mut(&n).expect("looked up above").state = RecordState::Replayed { at: Utc::now() };
+        drop(state);
+        self.work.notify_waiters();
+        Ok(ReplayOutcome::Replayed(job_id))
+    }
+}
+
+impl Ledger for MemoryBackend {
+    async fn begin(&self, key: &IdempotencyKey, fingerprint: &str, hold: Duration) -> Result<Begin> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let Some(entry) = state.ledger.get_mut(key) else {
+            let token = token();
+            let state_ = Effect::Pending { token: token.clone(), until: now + hold };
+            state.ledger.insert(key.clone(), LedgerEntry { fingerprint: fingerprint.to_owned(), state: state_ });
+            return Ok(Begin::Fresh(Hold { key: key.clone(), token }));
+        };
+        if entry.fingerprint != fingerprint {
+            return Err(Error::new(ErrorKind::KeyConflict, format!("key {key} was used with a different payload")));
+        }
+        match &mut entry.state {
+            Effect::Done(result) => Ok(Begin::Done(result.clone())),
+            Effect::Pending { until, .. } if *until > now => Ok(Begin::Busy(*until - now)),
+            Effect::Pending { token: held, until } => {
+                *held = token();
+                *until = now + hold;
+                Ok(Begin::Resumed(Hold { key: key.clone(), token: held.clone() }))
+            }
+        }
+    }
+
+    async fn extend_hold(&self, hold: &Hold, by: Duration) -> Result<()> {
+        match self.lock().ledger.get_mut(&hold.key).map(|e| &mut e.state) {
+            Some(Effect::Pending { token, until }) if *token == hold.token => {
+                *until = Instant::now() + by;
+                Ok(())
+            }
+            _ => Err(Error::new(ErrorKind::LeaseLost, format!("key {} is no longer held by this attempt", hold.key))),
+        }
+    }
+
+    async fn release_hold(&self, hold: &Hold) -> Result<()> {
+        if let Some(Effect::Pending { token, until }) = self.lock().ledger.get_mut(&hold.key).map(|e| &mut e.state) {
+            if *token == hold.token {
+                *until = Instant::now();
+            }
+        }
+        Ok(())
+    }
+
+    async fn finish(&self, hold: &Hold, result: &Value) -> Result<()> {
+        if let Some(entry) = self.lock().ledger.get_mut(&hold.key) {
+            if !matches!(entry.state, Effect::Done(_)) {
+                entry.state = Effect::Done(result.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn job(n: u32) -> NewJob {
+        let key = IdempotencyKey::builder("t").fact("n", n).build().unwrap();
+        NewJob::new("t", key, json!({"n": n})).unwrap()
+    }
+
+    const LEASE: Duration = Duration::from_millis(50);
+
+    #[tokio::test]
+    async fn enqueue_dedupes_by_key_and_refuses_a_changed_payload() {
+        let b = MemoryBackend::new();
+        let first = b.enqueue(job(1)).await.unwrap();
+        assert!(first.is_created());
+        assert_eq!(b.enqueue(job(1)).await.unwrap(), Enqueued::Duplicate(first.id().clone()));
+        let mut changed = job(1);
+        changed.payload = json!({"n": 2});
+        assert_eq!(b.enqueue(changed).await.unwrap_err().kind(), ErrorKind::KeyConflict);
+        assert_eq!(b.claim(10, LEASE, Duration::ZERO).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_expired_lease_is_fenced_after_a_new_claim() {
+        let b = MemoryBackend::new();
+        b.enqueue(job(1)).await.unwrap();
+        let stale = b.claim(1, LEASE, Duration::ZERO).await.unwrap().remove(0);
+        assert!(b.claim(1, LEASE, Duration::ZERO).await.unwrap().is_empty(), "held while the lease runs");
+        let fresh = b.claim(1, LEASE, LEASE * 4).await.unwrap().remove(0);
+        assert_eq!(fresh.job.attempt, 2, "attempts are counted at claim");
+        for err in [
+            b.complete(&stale.lease).await.unwrap_err(),
+            b.retry(&stale.lease, Duration::ZERO, "x").await.unwrap_err(),
+            b.extend(&stale.lease, LEASE).await.unwrap_err(),
+            b.dead_letter(&stale, "x").await.unwrap_err(),
+        ] {
+            assert_eq!(err.kind(), ErrorKind::LeaseLost);
+        }
+        b.complete(&fresh.lease).await.unwrap();
+        assert_eq!(b.count_open().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn claim_waits_for_an_enqueue() {
+        let b = MemoryBackend::new();
+        let waiter = tokio::spawn({
+            let b = b.clone();
+            async move { b.claim(1, LEASE, Duration::from_secs(5)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let started = Instant::now();
+        b.enqueue(job(1)).await.unwrap();
+        assert_eq!(waiter.await.unwrap().unwrap().len(), 1);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn ledger_gives_one_fresh_then_busy_resumed_and_done() {
+        let b = MemoryBackend::new();
+        let key = job(1).key;
+        let Begin::Fresh(hold) = b.begin(&key, "f", LEASE).await.unwrap() else { panic!("first is fresh") };
+        assert!(matches!(b.begin(&key, "f", LEASE).await.unwrap(), Begin::Busy(_)));
+        assert_eq!(b.begin(&key, "other", LEASE).await.unwrap_err().kind(), ErrorKind::KeyConflict);
+        b.release_hold(&hold).await.unwrap();
+        let Begin::Resumed(again) = b.begin(&key, "f", LEASE).await.unwrap() else { panic!("released is resumed") };
+        assert_eq!(b.extend_hold(&hold, LEASE).await.unwrap_err().kind(), ErrorKind::LeaseLost);
+        b.finish(&again, &json!({"sent": true})).await.unwrap();
+        assert_eq!(b.begin(&key, "f", LEASE).await.unwrap(), Begin::Done(json!({"sent": true})));
+    }
+
+    #[tokio::test]
+    async fn oversized_batches_send_nothing() {
+        let b = MemoryBackend::with_max_payload(4);
+        let err = b.enqueue_batch(vec![job(1), job(2)]).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::PayloadTooLarge);
+        assert!(b.claim(10, LEASE, Duration::ZERO).await.unwrap().is_empty());
+    }
+}

@@ -1,0 +1,147 @@
+//! The attempt policy: what happens after an attempt, as a pure function of the attempt, the
+//! cap and the handler's outcome; and the backoff between attempts.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use serde_json::Value;
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The effect happened; the value is stored in the ledger as its result.
+    Done(Value),
+    /// It failed and may succeed later; `after` overrides the backoff.
+    Retry {
+        /// A delay the handler asked for.
+        after: Option<Duration>,
+        /// The error.
+        error: String,
+    },
+    /// It failed and retrying cannot help.
+    Fail {
+        /// The error.
+        error: String,
+    },
+}
+
+/// What the worker does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Mark the job complete.
+    Complete,
+    /// Make it ready again after this delay.
+    RetryIn(Duration),
+    /// Write the failure record and alert.
+    DeadLetter,
+}
+
+/// Exponential backoff with jitter, capped at `max`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    /// The delay before the second attempt (before jitter).
+    pub base: Duration,
+    /// The growth factor per attempt.
+    pub factor: f32,
+    /// The longest delay, jitter included.
+    pub max: Duration,
+    /// Adds a random share (0 to 100 %) of the delay, so retries of a burst spread out.
+    pub jitter: bool,
+}
+
+impl Default for Backoff {
+    /// 1 s, doubling, at most 5 minutes, with jitter.
+    fn default() -> Self {
+        Self { base: Duration::from_secs(1), factor: 2.0, max: Duration::from_secs(300), jitter: true }
+    }
+}
+
+impl Backoff {
+    /// No delay at all: for tests and for queues that pace retries themselves.
+    pub const NONE: Self = Self { base: Duration::ZERO, factor: 1.0, max: Duration::ZERO, jitter: false };
+
+    /// The delay after failed attempt number `attempt` (1-based).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let mut builder = ExponentialBuilder::default()
+            .with_min_delay(self.base)
+            .with_factor(self.factor)
+            .with_max_delay(self.max)
+            .without_max_times();
+        if self.jitter {
+            builder = builder.with_jitter();
+        }
+        let nth = attempt.max(1) as usize - 1;
+        builder.build().nth(nth).unwrap_or(self.max).min(self.max)
+    }
+}
+
+/// Decides what follows an attempt. Pure, apart from the jitter.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RetryPolicy {
+    /// The delays between attempts.
+    pub backoff: Backoff,
+}
+
+impl RetryPolicy {
+    /// After attempt `attempt` of `cap` ended with `outcome`: complete, retry, or dead-letter.
+    /// Attempts are counted at claim, so `attempt >= cap` means none is left.
+    pub fn decide(&self, attempt: u32, cap: u32, outcome: &Outcome) -> Decision {
+        match outcome {
+            Outcome::Done(_) => Decision::Complete,
+            Outcome::Fail { .. } => Decision::DeadLetter,
+            Outcome::Retry { .. } if attempt >= cap => Decision::DeadLetter,
+            Outcome::Retry { after: Some(delay), .. } => Decision::RetryIn(*delay),
+            Outcome::Retry { after: None, .. } => Decision::RetryIn(self.backoff.delay(attempt)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry() -> Outcome {
+        Outcome::Retry { after: None, error: "timeout".into() }
+    }
+
+    #[test]
+    fn retries_until_the_cap_then_dead_letters() {
+        let policy = RetryPolicy { backoff: Backoff::NONE };
+        let decisions: Vec<_> = (1..=5).map(|a| policy.decide(a, 5, &retry())).collect();
+        assert_eq!(decisions[..4], [Decision::RetryIn(Duration::ZERO); 4]);
+        assert_eq!(decisions[4], Decision::DeadLetter);
+        assert_eq!(policy.decide(6, 5, &retry()), Decision::DeadLetter, "past the cap never retries");
+    }
+
+    #[test]
+    fn permanent_failures_dead_letter_at_once_and_success_completes() {
+        let policy = RetryPolicy::default();
+        assert_eq!(policy.decide(1, 5, &Outcome::Fail { error: "bad".into() }), Decision::DeadLetter);
+        assert_eq!(policy.decide(5, 5, &Outcome::Done(Value::Null)), Decision::Complete);
+    }
+
+    #[test]
+    fn a_requested_delay_wins_below_the_cap_only() {
+        let policy = RetryPolicy::default();
+        let asked = Outcome::Retry { after: Some(Duration::from_secs(42)), error: "429".into() };
+        assert_eq!(policy.decide(2, 5, &asked), Decision::RetryIn(Duration::from_secs(42)));
+        assert_eq!(policy.decide(5, 5, &asked), Decision::DeadLetter);
+    }
+
+    #[test]
+    fn backoff_grows_exponentially_and_stops_at_max() {
+        let plain = Backoff { jitter: false, ..Backoff::default() };
+        let delays: Vec<_> = (1..=4).map(|a| plain.delay(a).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8]);
+        assert_eq!(plain.delay(30), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn jitter_stays_between_the_delay_and_twice_it_and_under_max() {
+        let jittered = Backoff::default();
+        let samples: Vec<_> = (0..200).map(|_| jittered.delay(3)).collect();
+        assert!(samples.iter().all(|d| *d >= Duration::from_secs(4) && *d <= Duration::from_secs(8)));
+        assert!(samples.iter().any(|d| *d != samples[0]), "jitter varies the delay");
+        assert!((0..50).all(|_| jittered.delay(40) <= jittered.max));
+    }
+}

@@ -1,0 +1,521 @@
+//! The worker: one for every backend. Claim → decode → ledger check → handler → settle.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use chrono::Utc;
+use futures_util::FutureExt;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::alert::{Alert, AlertSink, BoxFuture, TracingAlerts};
+use crate::backend::{Begin, Claim, Claimed, Hold, Ledger};
+use crate::error::ErrorKind;
+use crate::job::{Job, JobContext, JobError, payload_fingerprint};
+use crate::policy::{Backoff, Decision, Outcome, RetryPolicy};
+
+/// How a worker runs. Every field has a sensible default.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Handlers running at once (default 8).
+    pub concurrency: usize,
+    /// Most jobs taken per claim call (default 10; never more than free slots).
+    pub batch: usize,
+    /// How long a claim holds a job before another worker may take it (default 30 s).
+    pub lease: Duration,
+    /// How often a running handler's lease and ledger hold are extended; `None` turns the
+    /// heartbeat off (default: a third of the lease).
+    pub heartbeat: Option<Duration>,
+    /// How long one claim call waits for work (default 1 s; also bounds shutdown latency).
+    pub poll: Duration,
+    /// Delays between attempts.
+    pub backoff: Backoff,
+    /// On shutdown, how long running handlers get to finish before their jobs are released
+    /// (default 30 s).
+    pub shutdown_grace: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        let lease = Duration::from_secs(30);
+        Self {
+            concurrency: 8,
+            batch: 10,
+            lease,
+            heartbeat: Some(lease / 3),
+            poll: Duration::from_secs(1),
+            backoff: Backoff::default(),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Counters of what a worker did, for tests, metrics and the quickstart's evidence.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Jobs claimed.
+    pub claimed: u64,
+    /// Handlers that succeeded (effect done, job complete).
+    pub succeeded: u64,
+    /// Jobs acknowledged without running because the ledger said the effect was done.
+    pub skipped: u64,
+    /// Jobs put back because another attempt held the key.
+    pub deferred: u64,
+    /// Failed attempts put back for a retry.
+    pub retried: u64,
+    /// Failure records written.
+    pub dead_lettered: u64,
+    /// Jobs given back at shutdown.
+    pub released: u64,
+    /// Settlements refused because the lease had moved on.
+    pub lease_lost: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters([AtomicU64; 8]);
+
+#[derive(Clone, Copy)]
+enum Count {
+    Claimed,
+    Succeeded,
+    Skipped,
+    Deferred,
+    Retried,
+    DeadLettered,
+    Released,
+    LeaseLost,
+}
+
+impl Counters {
+    fn add(&self, which: Count, n: u64) {
+        self.0[which as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> WorkerStats {
+        let get = |c: Count| self.0[c as usize].load(Ordering::Relaxed);
+        WorkerStats {
+            claimed: get(Count::Claimed),
+            succeeded: get(Count::Succeeded),
+            skipped: get(Count::Skipped),
+            deferred: get(Count::Deferred),
+            retried: get(Count::Retried),
+            dead_lettered: get(Count::DeadLettered),
+            released: get(Count::Released),
+            lease_lost: get(Count::LeaseLost),
+        }
+    }
+}
+
+/// A handler's result for one attempt.
+pub type HandlerResult = Result<Value, JobError>;
+
+/// A handler for jobs of type `J`: any `Fn(J, JobContext) -> impl Future<Output =
+/// Result<T, JobError>>` where `T: Serialize` (stored in the ledger as the effect's result).
+pub trait Handler<J>: Send + Sync + 'static {
+    /// Runs one attempt.
+    fn call(&self, job: J, ctx: JobContext) -> BoxFuture<'static, HandlerResult>;
+}
+
+impl<J, F, Fut, T> Handler<J> for F
+where
+    J: Job,
+    F: Fn(J, JobContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, JobError>> + Send + 'static,
+    T: Serialize,
+{
+    fn call(&self, job: J, ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
+        let fut = self(job, ctx);
+        Box::pin(async move {
+            let value = fut.await?;
+            Ok(serde_json::to_value(value).unwrap_or(Value::Null))
+        })
+    }
+}
+
+/// A handler with its job type erased: decodes the payload, then runs.
+trait Erased: Send + Sync {
+    fn prepare(&self, payload: Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String>;
+}
+
+struct Typed<J, H>(H, std::marker::PhantomData<fn() -> J>);
+
+impl<J: Job, H: Handler<J>> Erased for Typed<J, H> {
+    fn prepare(&self, payload: Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String> {
+        let job: J = serde_json::from_value(payload).map_err(|e| e.to_string())?;
+        Ok(self.0.call(job, ctx))
+    }
+}
+
+/// Builds a [`Worker`]: the queue to claim from, the ledger, the handlers, the alert sinks.
+pub struct WorkerBuilder<Q, L> {
+    queue: Q,
+    ledger: L,
+    config: WorkerConfig,
+    handlers: HashMap<String, Arc<dyn Erased>>,
+    alerts: Vec<Arc<dyn AlertSink>>,
+}
+
+impl<Q: Claim + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
+    /// Registers the handler for job type `J`.
+    pub fn handle<J: Job>(mut self, handler: impl Handler<J>) -> Self {
+        self.handlers.insert(J::KIND.to_owned(), Arc::new(Typed(handler, std::marker::PhantomData)));
+        self
+    }
+
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: WorkerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Handlers running at once.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.config.concurrency = n.max(1);
+        self
+    }
+
+    /// The lease per claim; the heartbeat follows at a third of it unless set after this.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self.config.heartbeat = self.config.heartbeat.map(|_| lease / 3);
+        self
+    }
+
+    /// The delays between attempts.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.config.backoff = backoff;
+        self
+    }
+
+    /// Adds an alert sink. Without any, alerts go to [`TracingAlerts`].
+    pub fn alert(mut self, sink: impl AlertSink) -> Self {
+        self.alerts.push(Arc::new(sink));
+        self
+    }
+
+    /// The worker, ready to [`start`](Worker::start).
+    pub fn build(mut self) -> Worker<Q, L> {
+        if self.alerts.is_empty() {
+            self.alerts.push(Arc::new(TracingAlerts));
+        }
+        Worker {
+            shared: Arc::new(Shared {
+                queue: self.queue,
+                ledger: self.ledger,
+                policy: RetryPolicy { backoff: self.config.backoff },
+                config: self.config,
+                handlers: self.handlers,
+                alerts: self.alerts,
+                counters: Counters::default(),
+            }),
+        }
+    }
+}
+
+/// Runs handlers for claimed jobs, so that each key's effect happens once and each job that
+/// cannot succeed ends as a failure record with one alert.
+pub struct Worker<Q, L> {
+    shared: Arc<Shared<Q, L>>,
+}
+
+struct Shared<Q, L> {
+    queue: Q,
+    ledger: L,
+    config: WorkerConfig,
+    policy: RetryPolicy,
+    handlers: HashMap<String, Arc<dyn Erased>>,
+    alerts: Vec<Arc<dyn AlertSink>>,
+    counters: Counters,
+}
+
+impl<Q: Claim + 'static, L: Ledger + 'static> Worker<Q, L> {
+    /// Starts building a worker over `queue` and `ledger` (often the same backend value).
+    pub fn builder(queue: Q, ledger: L) -> WorkerBuilder<Q, L> {
+        WorkerBuilder { queue, ledger, config: WorkerConfig::default(), handlers: HashMap::new(), alerts: Vec::new() }
+    }
+
+    /// Spawns the worker on the current Tokio runtime.
+    pub fn start(self) -> RunningWorker {
+        let stop = CancellationToken::new();
+        let abandon = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let shared = Arc::clone(&self.shared);
+        let counters: Arc<dyn Fn() -> WorkerStats + Send + Sync> = Arc::new(move || shared.counters.snapshot());
+        let grace = self.shared.config.shutdown_grace;
+        let main = tokio::spawn(claim_loop(self.shared, stop.clone(), abandon.clone(), tracker.clone()));
+        RunningWorker { stop, abandon, tracker, main, grace, stats: counters }
+    }
+
+    /// Runs until `signal` resolves, then shuts down gracefully. Returns the final counters.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) -> WorkerStats {
+        let running = self.start();
+        signal.await;
+        running.shutdown().await
+    }
+}
+
+/// A started worker.
+pub struct RunningWorker {
+    stop: CancellationToken,
+    abandon: CancellationToken,
+    tracker: TaskTracker,
+    main: tokio::task::JoinHandle<()>,
+    grace: Duration,
+    stats: Arc<dyn Fn() -> WorkerStats + Send + Sync>,
+}
+
+impl RunningWorker {
+    /// What the worker has done so far.
+    pub fn stats(&self) -> WorkerStats {
+        (self.stats)()
+    }
+
+    /// Stops claiming, lets running handlers finish within the configured grace, then releases
+    /// the jobs of those still running so another worker takes them at once.
+    pub async fn shutdown(self) -> WorkerStats {
+        let grace = self.grace;
+        self.shutdown_within(grace).await
+    }
+
+    /// [`shutdown`](Self::shutdown) with an explicit grace (`Duration::ZERO`: release at once).
+    pub async fn shutdown_within(self, grace: Duration) -> WorkerStats {
+        self.stop.cancel();
+        if let Err(e) = self.main.await {
+            error!(error = %e, "worker claim loop panicked");
+        }
+        self.tracker.close();
+        if tokio::time::timeout(grace, self.tracker.wait()).await.is_err() {
+            info!("shutdown grace over: releasing the jobs still running");
+            self.abandon.cancel();
+            self.tracker.wait().await;
+        }
+        (self.stats)()
+    }
+}
+
+async fn claim_loop<Q: Claim + 'static, L: Ledger + 'static>(
+    shared: Arc<Shared<Q, L>>,
+    stop: CancellationToken,
+    abandon: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let slots = Arc::new(Semaphore::new(shared.config.concurrency));
+    let mut failures = 0u32;
+    while !stop.is_cancelled() {
+        let first = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => permit.expect("the semaphore is never closed"),
+            () = stop.cancelled() => break,
+        };
+        let mut permits = vec![first];
+        while permits.len() < shared.config.batch {
+            match Arc::clone(&slots).try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        let claimed = match shared.queue.claim(permits.len(), shared.config.lease, shared.config.poll).await {
+            Ok(claimed) => {
+                failures = 0;
+                claimed
+            }
+            Err(e) => {
+                failures += 1;
+                let pause =
+                    Backoff { base: Duration::from_millis(100), max: Duration::from_secs(10), ..Backoff::default() };
+                warn!(error = %e, "claim failed; pausing");
+                tokio::select! {
+                    () = tokio::time::sleep(pause.delay(failures)) => {}
+                    () = stop.cancelled() => {}
+                }
+                continue;
+            }
+        };
+        shared.counters.add(Count::Claimed, claimed.len() as u64);
+        for (job, permit) in claimed.into_iter().zip(permits) {
+            let shared = Arc::clone(&shared);
+            let abandon = abandon.clone();
+            let span = info_span!("job", id = %job.job.id, kind = %job.job.kind, attempt = job.job.attempt, key = %job.job.key);
+            tracker.spawn(
+                async move {
+                    shared.process(job, abandon).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
+        }
+    }
+}
+
+impl<Q: Claim, L: Ledger> Shared<Q, L> {
+    async fn process(&self, claimed: Claimed, abandon: CancellationToken) {
+        let job = &claimed.job;
+        if job.attempt > job.cap {
+            // A worker died holding the lease on the last attempt: no attempt is left.
+            let error = format!(
+                "attempt {} is past the cap of {}: the last attempt's worker lost its lease",
+                job.attempt, job.cap
+            );
+            return self.dead_letter(&claimed, &error).await;
+        }
+        let Some(handler) = self.handlers.get(&job.kind) else {
+            return self.dead_letter(&claimed, &format!("no handler is registered for kind `{}`", job.kind)).await;
+        };
+        let begin = self.ledger.begin(&job.key, &payload_fingerprint(&job.payload), self.config.lease).await;
+        let (hold, earlier_attempt_pending) = match begin {
+            Ok(Begin::Fresh(hold)) => (hold, false),
+            Ok(Begin::Resumed(hold)) => (hold, true),
+            Ok(Begin::Done(_)) => {
+                info!("skipped: the effect of this key is already done");
+                self.counters.add(Count::Skipped, 1);
+                return self.settle(self.queue.complete(&claimed.lease).await);
+            }
+            Ok(Begin::Busy(wait)) => {
+                // Not a failure, and never a dead letter: another attempt is doing the work.
+                info!(retry_in_ms = wait.as_millis() as u64, "deferred: another attempt holds this key");
+                self.counters.add(Count::Deferred, 1);
+                let delay = wait + Duration::from_millis(10);
+                return self
+                    .settle(self.queue.retry(&claimed.lease, delay, "deferred: another attempt held the key").await);
+            }
+            Err(e) if e.kind() == ErrorKind::KeyConflict => {
+                return self.dead_letter(&claimed, &format!("key reused with a different payload: {e}")).await;
+            }
+            Err(e) => {
+                let outcome = Outcome::Retry { after: None, error: format!("effect ledger unavailable: {e}") };
+                return self.decide(&claimed, outcome).await;
+            }
+        };
+        let ctx = JobContext {
+            job_id: job.id.clone(),
+            kind: job.kind.clone(),
+            attempt: job.attempt,
+            cap: job.cap,
+            key: job.key.clone(),
+            provider_key: job.provider_key,
+            earlier_attempt_pending,
+        };
+        let run = match handler.prepare(job.payload.clone(), ctx) {
+            Ok(run) => run,
+            Err(e) => {
+                let _ = self.ledger.release_hold(&hold).await;
+                // Decoding again cannot succeed: no retries.
+                return self.dead_letter(&claimed, &format!("payload does not decode: {e}")).await;
+            }
+        };
+        let Some(result) = self.run_with_heartbeat(&claimed, &hold, run, &abandon).await else {
+            let _ = self.ledger.release_hold(&hold).await;
+            info!("released at shutdown");
+            self.counters.add(Count::Released, 1);
+            return self.settle(self.queue.release(&claimed.lease).await);
+        };
+        let outcome = match result {
+            Ok(value) => {
+                if let Err(e) = self.ledger.finish(&hold, &value).await {
+                    // The effect happened; a next delivery would see the key pending and resume.
+                    error!(error = %e, "could not mark the effect done in the ledger");
+                }
+                Outcome::Done(value)
+            }
+            Err(err) => {
+                let _ = self.ledger.release_hold(&hold).await;
+                match err.retry_delay() {
+                    Some(after) => Outcome::Retry { after, error: err.message().to_owned() },
+                    None => Outcome::Fail { error: err.message().to_owned() },
+                }
+            }
+        };
+        self.decide(&claimed, outcome).await;
+    }
+
+    /// Runs the handler, extending the lease and the ledger hold while it runs. `None` when
+    /// shutdown abandoned it.
+    async fn run_with_heartbeat(
+        &self,
+        claimed: &Claimed,
+        hold: &Hold,
+        run: BoxFuture<'static, HandlerResult>,
+        abandon: &CancellationToken,
+    ) -> Option<HandlerResult> {
+        let mut run = AssertUnwindSafe(run).catch_unwind();
+        let every = self.config.heartbeat.unwrap_or(Duration::MAX);
+        let mut beat = tokio::time::interval_at(
+            tokio::time::Instant::now() + every.min(Duration::from_secs(86_400)),
+            every.max(Duration::from_millis(1)),
+        );
+        loop {
+            tokio::select! {
+                result = &mut run => {
+                    return Some(result.unwrap_or_else(|_| Err(JobError::retry("the handler panicked"))));
+                }
+                _ = beat.tick(), if self.config.heartbeat.is_some() => {
+                    let lease = self.queue.extend(&claimed.lease, self.config.lease).await;
+                    let key = self.ledger.extend_hold(hold, self.config.lease).await;
+                    if let Err(e) = lease.and(key) {
+                        warn!(error = %e, "heartbeat failed; another worker may take this job");
+                    }
+                }
+                () = abandon.cancelled() => return None,
+            }
+        }
+    }
+
+    async fn decide(&self, claimed: &Claimed, outcome: Outcome) {
+        let job = &claimed.job;
+        match self.policy.decide(job.attempt, job.cap, &outcome) {
+            Decision::Complete => {
+                debug!("done");
+                self.counters.add(Count::Succeeded, 1);
+                self.settle(self.queue.complete(&claimed.lease).await);
+            }
+            Decision::RetryIn(delay) => {
+                let error = error_of(&outcome);
+                warn!(error, retry_in_ms = delay.as_millis() as u64, "attempt failed; retrying");
+                self.counters.add(Count::Retried, 1);
+                self.settle(self.queue.retry(&claimed.lease, delay, error).await);
+            }
+            Decision::DeadLetter => self.dead_letter(claimed, error_of(&outcome)).await,
+        }
+    }
+
+    async fn dead_letter(&self, claimed: &Claimed, error: &str) {
+        let record = match self.queue.dead_letter(claimed, error).await {
+            Ok(record) => record,
+            Err(e) => return self.settle(Err(e)),
+        };
+        warn!(record = %record.id, error, "failure record written");
+        self.counters.add(Count::DeadLettered, 1);
+        let alert = Alert { record, raised_at: Utc::now() };
+        for sink in &self.alerts {
+            if let Err(e) = sink.send(&alert).await {
+                // The record is stored; the open-record count still shows it.
+                error!(error = %e, record = %alert.record.id, "alert not delivered");
+            }
+        }
+    }
+
+    fn settle(&self, result: crate::Result<()>) {
+        match result {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::LeaseLost => {
+                warn!("lease lost: another worker holds this job now; nothing was changed");
+                self.counters.add(Count::LeaseLost, 1);
+            }
+            Err(e) => error!(error = %e, "could not settle the job; it returns after its lease"),
+        }
+    }
+}
+
+fn error_of(outcome: &Outcome) -> &str {
+    match outcome {
+        Outcome::Done(_) => "",
+        Outcome::Retry { error, .. } | Outcome::Fail { error } => error,
+    }
+}
