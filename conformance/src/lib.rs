@@ -1,1 +1,233 @@
+//! The conformance suite every redrive backend passes, and that you can run against your own.
+//!
+//! Twelve behaviours, one public `async fn` each, every one taking a fresh [`Subject`]: the
+//! queue under test, the effect ledger it runs with, and its declared [`Capabilities`]
+//! (differences between backends are declared, never skipped). Each scenario keeps its own
+//! effect log with **no unique constraint**, so a duplicated effect shows, and ends by sorting
+//! every key into done once / failure record / lost / duplicated / unexpected ([`Report`]).
+//! It passes when nothing is lost, duplicated or unexpected, and the scenario's own checks hold.
+//!
+//! | # | scenario | the invariant |
+//! |---|---|---|
+//! | 1 | [`replay`] | the same job enqueued twice: one effect |
+//! | 2 | [`race`] | two workers given the same job at once: one effect, one recorded skip |
+//! | 3 | [`exhaust`] | an always-failing job: `cap` attempts, one full failure record, one alert |
+//! | 4 | [`recover`] | replay from the record: the effect once, the record closed, a second replay inert |
+//! | 5 | [`key_conflict`] | the same key with another payload: a typed error, nothing changed |
+//! | 6 | [`undecodable`] | a payload that does not decode: a failure record at once, no retries |
+//! | 7 | [`oversized`] | a payload over the limit: a typed error, nothing sent |
+//! | 8 | [`dead_worker`] | a worker that dies holding a lease: the job runs again after it, once |
+//! | 9 | [`stale_lease`] | an expired, re-claimed lease cannot settle the job |
+//! | 10 | [`many_workers`] | many workers, many jobs, duplicate keys: each key done once or recorded |
+//! | 11 | [`discard_and_purge`] | discard with reason and actor, purge by age, counts right |
+//! | 12 | [`graceful_shutdown`] | shutdown loses and duplicates nothing |
+//!
+//! # Running it against your backend
+//!
+//! Write an `async fn` that returns a [`Subject`] on fresh, isolated storage (its own schema or
+//! queue), then let [`suite!`] write the twelve named tests. Your crate needs `tokio` (with the
+//! `macros` and `rt-multi-thread` features) as a dev-dependency.
+//!
+//! ```
+//! use std::time::Duration;
+//! use redrive_conformance::{Capabilities, Subject};
+//! use redrive_core::MemoryBackend;
+//!
+//! async fn my_backend() -> Subject<MemoryBackend, MemoryBackend> {
+//!     // Replace with your backend, created fresh for each test.
+//!     let backend = MemoryBackend::new();
+//!     let caps = Capabilities {
+//!         enqueue_dedupe: true,
+//!         max_payload_bytes: backend.max_payload(),
+//!         ..Capabilities::default()
+//!     };
+//!     Subject { queue: backend.clone(), ledger: backend, caps }
+//! }
+//!
+//! // In tests/conformance.rs:
+//! // redrive_conformance::suite!(my_backend());
+//! ```
+//!
+//! Run one behaviour alone with `cargo test exhaust`.
 
+mod harness;
+mod scenarios;
+
+use std::fmt;
+use std::time::Duration;
+
+pub use harness::{Effect, PROBE_KIND, Probe};
+use redrive_core::{Claim, DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};
+pub use scenarios::*;
+
+/// What a queue must implement to be tested.
+pub trait Queue: Enqueue + Claim + DeadLetter + Replay + Clone + 'static {}
+impl<T: Enqueue + Claim + DeadLetter + Replay + Clone + 'static> Queue for T {}
+
+/// What a backend can and cannot do, declared rather than skipped.
+#[derive(Debug, Clone)]
+pub struct Capabilities {
+    /// Enqueuing the same key again answers `Duplicate` (or `KeyConflict` for another
+    /// payload). Without it (SQS standard, Azure) both copies are delivered and the ledger
+    /// dedupes the effect.
+    pub enqueue_dedupe: bool,
+    /// The payload limit in bytes; one byte more must be refused at enqueue.
+    pub max_payload_bytes: usize,
+    /// The lease the scenarios' workers use; shorter makes the suite faster, but it must be
+    /// longer than one claim-to-settle round trip.
+    pub lease: Duration,
+    /// The shortest lease the backend honours, for the expiry scenarios (SQS: 1 s).
+    pub short_lease: Duration,
+    /// How long a scenario keeps watching after the expected state, to catch late
+    /// duplicates. Keep it above `lease`.
+    pub settle: Duration,
+    /// Deliveries are pushed to the worker (QStash) rather than pulled.
+    pub push_delivery: bool,
+    /// Longest wait for a scenario's expected state.
+    pub timeout: Duration,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Self {
+            enqueue_dedupe: true,
+            max_payload_bytes: MemoryBackend::DEFAULT_MAX_PAYLOAD,
+            lease: Duration::from_secs(1),
+            short_lease: Duration::from_millis(300),
+            settle: Duration::from_millis(1500),
+            push_delivery: false,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A backend under test: fresh, isolated storage for one scenario.
+#[derive(Debug, Clone)]
+pub struct Subject<Q, L> {
+    /// The queue (enqueue, claim, dead letters, replay).
+    pub queue: Q,
+    /// The effect ledger the worker uses (often the same backend).
+    pub ledger: L,
+    /// What the backend declares.
+    pub caps: Capabilities,
+}
+
+/// The in-memory backend as a subject: the reference every other backend is held to.
+pub fn memory() -> Subject<MemoryBackend, MemoryBackend> {
+    let backend = MemoryBackend::new();
+    let caps = Capabilities { max_payload_bytes: backend.max_payload(), ..Capabilities::default() };
+    Subject { queue: backend.clone(), ledger: backend, caps }
+}
+
+/// Where each key ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// One effect, no open record, and that was expected.
+    pub done_once: Vec<IdempotencyKey>,
+    /// No effect, one open record, and that was expected.
+    pub failure_record: Vec<IdempotencyKey>,
+    /// No effect and no record: work silently unfinished.
+    pub lost: Vec<IdempotencyKey>,
+    /// More than one effect.
+    pub duplicated: Vec<IdempotencyKey>,
+    /// Anything else: an effect for a key nobody enqueued, an effect and a record, a record
+    /// where an effect was expected or the other way round, two open records for one key.
+    pub unexpected: Vec<IdempotencyKey>,
+}
+
+impl Report {
+    /// Whether nothing was lost, duplicated or unexpected.
+    pub fn is_clean(&self) -> bool {
+        self.lost.is_empty() && self.duplicated.is_empty() && self.unexpected.is_empty()
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |keys: &[IdempotencyKey]| keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
+        write!(
+            f,
+            "done once {}, failure record {}, lost {} [{}], duplicated {} [{}], unexpected {} [{}]",
+            self.done_once.len(),
+            self.failure_record.len(),
+            self.lost.len(),
+            list(&self.lost),
+            self.duplicated.len(),
+            list(&self.duplicated),
+            self.unexpected.len(),
+            list(&self.unexpected),
+        )
+    }
+}
+
+/// A broken invariant: what was expected, and the report at that point.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    /// The scenario.
+    pub scenario: &'static str,
+    /// What did not hold.
+    pub message: String,
+    /// The key sort, when the scenario got that far.
+    pub report: Option<Report>,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "conformance `{}`: {}", self.scenario, self.message)?;
+        if let Some(report) = &self.report {
+            write!(f, "\n  keys: {report}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// A scenario's result.
+pub type Outcome = Result<Report, Violation>;
+
+/// Panics with the violation, for use in tests.
+#[track_caller]
+pub fn check(outcome: Outcome) {
+    if let Err(violation) = outcome {
+        panic!("{violation}");
+    }
+}
+
+/// The scenario names, in order.
+pub const SCENARIOS: [&str; 12] = [
+    "replay",
+    "race",
+    "exhaust",
+    "recover",
+    "key_conflict",
+    "undecodable",
+    "oversized",
+    "dead_worker",
+    "stale_lease",
+    "many_workers",
+    "discard_and_purge",
+    "graceful_shutdown",
+];
+
+/// Writes the twelve scenarios as named `#[tokio::test]`s, each given a fresh subject from
+/// `$subject` (an expression evaluating to a future of a [`Subject`]).
+///
+/// ```ignore
+/// redrive_conformance::suite!(my_backend());
+/// ```
+#[macro_export]
+macro_rules! suite {
+    ($subject:expr) => {
+        $crate::suite!(@each $subject; replay race exhaust recover key_conflict undecodable oversized
+            dead_worker stale_lease many_workers discard_and_purge graceful_shutdown);
+    };
+    (@each $subject:expr; $($name:ident)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $crate::check($crate::$name($subject.await).await);
+            }
+        )*
+    };
+}
