@@ -1,1 +1,4 @@
-//! redrive
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub use redrive_core::*;

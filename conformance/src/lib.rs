@@ -44,8 +44,8 @@
 //!     Subject { queue: backend.clone(), ledger: backend, caps }
 //! }
 //!
-//! // In tests/conformance.rs:
-//! // redrive_conformance::suite!(my_backend());
+//! // In tests/conformance.rs: twelve #[tokio::test]s named after the scenarios.
+//! redrive_conformance::suite!(my_backend());
 //! ```
 //!
 //! Run one behaviour alone with `cargo test exhaust`.
@@ -211,11 +211,7 @@ pub const SCENARIOS: [&str; 12] = [
 ];
 
 /// Writes the twelve scenarios as named `#[tokio::test]`s, each given a fresh subject from
-/// `$subject` (an expression evaluating to a future of a [`Subject`]).
-///
-/// ```ignore
-/// redrive_conformance::suite!(my_backend());
-/// ```
+/// `$subject` (an expression evaluating to a future of a [`Subject`]); see the crate docs.
 #[macro_export]
 macro_rules! suite {
     ($subject:expr) => {

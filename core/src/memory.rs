@@ -397,19 +397,19 @@ impl Ledger for MemoryBackend {
     }
 
     async fn release_hold(&self, hold: &Hold) -> Result<()> {
-        if let Some(Effect::Pending { token, until }) = self.lock().ledger.get_mut(&hold.key).map(|e| &mut e.state) {
-            if *token == hold.token {
-                *until = Instant::now();
-            }
+        if let Some(Effect::Pending { token, until }) = self.lock().ledger.get_mut(&hold.key).map(|e| &mut e.state)
+            && *token == hold.token
+        {
+            *until = Instant::now();
         }
         Ok(())
     }
 
     async fn finish(&self, hold: &Hold, result: &Value) -> Result<()> {
-        if let Some(entry) = self.lock().ledger.get_mut(&hold.key) {
-            if !matches!(entry.state, Effect::Done(_)) {
-                entry.state = Effect::Done(result.clone());
-            }
+        if let Some(entry) = self.lock().ledger.get_mut(&hold.key)
+            && !matches!(entry.state, Effect::Done(_))
+        {
+            entry.state = Effect::Done(result.clone());
         }
         Ok(())
     }

@@ -22,6 +22,9 @@ use crate::error::ErrorKind;
 use crate::job::{Job, JobContext, JobError, payload_fingerprint};
 use crate::policy::{Backoff, Decision, Outcome, RetryPolicy};
 
+/// How soon a job deferred by a busy key is looked at again, at most.
+const BUSY_RECHECK: Duration = Duration::from_secs(1);
+
 /// How a worker runs. Every field has a sensible default.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -357,14 +360,6 @@ async fn claim_loop<Q: Claim + 'static, L: Ledger + 'static>(
 impl<Q: Claim, L: Ledger> Shared<Q, L> {
     async fn process(&self, claimed: Claimed, abandon: CancellationToken) {
         let job = &claimed.job;
-        if job.attempt > job.cap {
-            // A worker died holding the lease on the last attempt: no attempt is left.
-            let error = format!(
-                "attempt {} is past the cap of {}: the last attempt's worker lost its lease",
-                job.attempt, job.cap
-            );
-            return self.dead_letter(&claimed, &error).await;
-        }
         let Some(handler) = self.handlers.get(&job.kind) else {
             return self.dead_letter(&claimed, &format!("no handler is registered for kind `{}`", job.kind)).await;
         };
@@ -377,11 +372,12 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
                 self.counters.add(Count::Skipped, 1);
                 return self.settle(self.queue.complete(&claimed.lease).await);
             }
-            Ok(Begin::Busy(wait)) => {
+            Ok(Begin::Busy(held_for)) => {
                 // Not a failure, and never a dead letter: another attempt is doing the work.
-                info!(retry_in_ms = wait.as_millis() as u64, "deferred: another attempt holds this key");
+                // Look again soon rather than at the hold's end: a heartbeat may keep extending it.
+                let delay = held_for.min(BUSY_RECHECK) + Duration::from_millis(10);
+                info!(retry_in_ms = delay.as_millis() as u64, "deferred: another attempt holds this key");
                 self.counters.add(Count::Deferred, 1);
-                let delay = wait + Duration::from_millis(10);
                 return self
                     .settle(self.queue.retry(&claimed.lease, delay, "deferred: another attempt held the key").await);
             }
@@ -393,6 +389,15 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
                 return self.decide(&claimed, outcome).await;
             }
         };
+        if job.attempt > job.cap {
+            // A worker died holding the lease on the last attempt: no attempt is left.
+            let _ = self.ledger.release_hold(&hold).await;
+            let error = format!(
+                "attempt {} is past the cap of {}: the last attempt's worker lost its lease",
+                job.attempt, job.cap
+            );
+            return self.dead_letter(&claimed, &error).await;
+        }
         let ctx = JobContext {
             job_id: job.id.clone(),
             kind: job.kind.clone(),
