@@ -2,3 +2,10 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use redrive_core::*;
+
+/// PostgreSQL: jobs and failed_jobs tables, `FOR UPDATE SKIP LOCKED` claims, the effect ledger.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres {
+    pub use redrive_postgres::*;
+}

@@ -1,0 +1,71 @@
+-- redrive's tables. `{schema}` is replaced by the configured, validated and quoted schema name.
+
+-- One row per intended effect: the unique key makes a second enqueue a no-op, and the row is the
+-- effect ledger entry of its own key (pending while claimed, done with its result).
+CREATE TABLE {schema}.jobs (
+    id              bigserial   PRIMARY KEY,
+    kind            text        NOT NULL,
+    idempotency_key text        NOT NULL,
+    provider_key    uuid        NOT NULL,
+    payload         jsonb       NOT NULL,
+    fingerprint     text        NOT NULL,
+    severity        text        NOT NULL DEFAULT 'error',
+    status          text        NOT NULL DEFAULT 'queued'
+                    CHECK (status IN ('queued', 'running', 'done', 'failed')),
+    attempts        integer     NOT NULL DEFAULT 0,   -- this run's attempts; a replay resets it
+    claims          integer     NOT NULL DEFAULT 0,   -- every claim ever; > 1 means an earlier attempt started
+    cap             integer     NOT NULL CHECK (cap >= 1),
+    run_at          timestamptz NOT NULL DEFAULT now(),
+    lease_token     uuid,
+    locked_until    timestamptz,
+    last_error      text,
+    errors          jsonb       NOT NULL DEFAULT '[]', -- this run's failed attempts
+    result          jsonb,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX jobs_idempotency_key ON {schema}.jobs (idempotency_key);
+CREATE INDEX jobs_ready ON {schema}.jobs (run_at, id) WHERE status = 'queued';
+CREATE INDEX jobs_leased ON {schema}.jobs (locked_until) WHERE status = 'running';
+
+-- Failure records: everything needed to understand and replay a job.
+CREATE TABLE {schema}.failed_jobs (
+    id              bigserial   PRIMARY KEY,
+    job_id          bigint      NOT NULL,
+    kind            text        NOT NULL,
+    idempotency_key text        NOT NULL,
+    provider_key    uuid        NOT NULL,
+    payload         jsonb       NOT NULL,
+    severity        text        NOT NULL,
+    last_error      text        NOT NULL,
+    errors          jsonb       NOT NULL,
+    attempts        integer     NOT NULL,
+    cap             integer     NOT NULL,
+    first_failed_at timestamptz NOT NULL,
+    last_failed_at  timestamptz NOT NULL DEFAULT now(),
+    state           text        NOT NULL DEFAULT 'open'
+                    CHECK (state IN ('open', 'replayed', 'discarded')),
+    closed_at       timestamptz,
+    discard_reason  text,
+    discarded_by    text
+);
+CREATE INDEX failed_jobs_open ON {schema}.failed_jobs (id) WHERE state = 'open';
+CREATE INDEX failed_jobs_age ON {schema}.failed_jobs (last_failed_at);
+
+-- The effect ledger for keys that are not Postgres jobs (another queue's jobs, explicit calls).
+CREATE TABLE {schema}.processed_keys (
+    idempotency_key text        PRIMARY KEY,
+    fingerprint     text        NOT NULL,
+    state           text        NOT NULL CHECK (state IN ('pending', 'done')),
+    holder          uuid,
+    held_until      timestamptz,
+    result          jsonb,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+
+-- Same-database effects: the key commits in the transaction that makes the effect.
+CREATE TABLE {schema}.applied_effects (
+    idempotency_key text        PRIMARY KEY,
+    applied_at      timestamptz NOT NULL DEFAULT now()
+);

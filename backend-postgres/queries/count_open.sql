@@ -1,0 +1,1 @@
+SELECT count(*) FROM {schema}.failed_jobs WHERE state = 'open'

@@ -1,0 +1,1 @@
+SELECT * FROM {schema}.failed_jobs WHERE id = $1

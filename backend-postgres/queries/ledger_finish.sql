@@ -1,0 +1,3 @@
+UPDATE {schema}.processed_keys
+SET state = 'done', result = $2, holder = NULL, held_until = NULL, updated_at = now()
+WHERE idempotency_key = $1 AND state = 'pending'

@@ -1,0 +1,7 @@
+SELECT * FROM {schema}.failed_jobs
+WHERE ($1::text IS NULL OR kind = $1)
+  AND ($2::bool IS NULL OR (state = 'open') = $2)
+  AND ($3::timestamptz IS NULL OR last_failed_at < $3)
+  AND id > $4
+ORDER BY id
+LIMIT $5

@@ -1,0 +1,14 @@
+-- Close the record and reset its existing job row (a fresh insert with the same key would only be
+-- skipped), in one statement: both happen or neither does.
+WITH record AS (
+    UPDATE {schema}.failed_jobs
+    SET state = 'replayed', closed_at = now()
+    WHERE id = $1 AND state = 'open'
+    RETURNING job_id
+)
+UPDATE {schema}.jobs j
+SET status = 'queued', attempts = 0, run_at = now(), errors = '[]', last_error = NULL,
+    lease_token = NULL, locked_until = NULL, updated_at = now()
+FROM record
+WHERE j.id = record.job_id AND j.status = 'failed'
+RETURNING j.id

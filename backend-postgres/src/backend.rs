@@ -1,0 +1,697 @@
+//! `PgBackend`: every redrive contract on PostgreSQL.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redrive_core::{
+    AttemptError, Begin, Claim, Claimed, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery,
+    FailureRecord, Hold, IdempotencyKey, JobId, JobRecord, Lease, Ledger, NewJob, ProviderKey, RecordState, Replay,
+    ReplayOutcome, Result, Severity,
+};
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
+use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
+use tokio::sync::{Notify, OnceCell};
+use tracing::{debug, warn};
+use uuid::Uuid;
+
+use crate::batch::Completer;
+use crate::config::PgConfig;
+use crate::error::db;
+use crate::sql::{Queries, check_schema, migrator, q};
+
+/// redrive on PostgreSQL: the queue (`jobs`), the failure records (`failed_jobs`) and the effect
+/// ledger, in one schema. Clones share one pool.
+#[derive(Clone)]
+pub struct PgBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    sql: Arc<Queries>,
+    schema: String,
+    channel: String,
+    config: PgConfig,
+    completer: Completer,
+    /// Keys of the jobs this process claimed: for them the job row is the ledger entry.
+    held: Mutex<HashMap<IdempotencyKey, HeldJob>>,
+    /// Leases already completed by a ledger `finish`, so the `complete` after it costs nothing.
+    finished: Mutex<HashSet<Uuid>>,
+    wake: OnceCell<Arc<Notify>>,
+    notify_pending: Arc<AtomicBool>,
+    last_sweep: tokio::sync::Mutex<tokio::time::Instant>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct HeldJob {
+    id: i64,
+    token: Uuid,
+    claims: i32,
+}
+
+/// What [`PgBackend::effect_once`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EffectOnce {
+    /// The key is now taken inside the caller's transaction: make the effect there and commit.
+    Fresh,
+    /// The effect was applied by an earlier transaction, at this time: skip it.
+    AlreadyApplied(DateTime<Utc>),
+}
+
+impl std::fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackend").field("schema", &self.inner.schema).finish_non_exhaustive()
+    }
+}
+
+const JOB_HOLD: &str = "job:";
+
+impl PgBackend {
+    /// Connects a pool with `config`. Run [`migrate`](Self::migrate) once before use.
+    pub async fn connect(config: PgConfig) -> Result<Self> {
+        check_schema(&config.schema)?;
+        let options: PgConnectOptions = config
+            .url
+            .parse()
+            .map_err(|_| Error::new(ErrorKind::Config, "the Postgres connection URL does not parse"))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .connect_with(options.application_name("redrive"))
+            .await
+            .map_err(|e| db(e, "connect to Postgres"))?;
+        Self::from_pool(pool, config)
+    }
+
+    /// Uses an existing pool (the application's own); `config`'s URL and pool size are ignored.
+    pub fn from_pool(pool: PgPool, config: PgConfig) -> Result<Self> {
+        check_schema(&config.schema)?;
+        let sql = Arc::new(Queries::new(&config.schema));
+        let completer = Completer::start(pool.clone(), Arc::clone(&sql));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                channel: format!("redrive_{}", config.schema),
+                schema: config.schema.clone(),
+                pool,
+                sql,
+                config,
+                completer,
+                held: Mutex::default(),
+                finished: Mutex::default(),
+                wake: OnceCell::new(),
+                notify_pending: Arc::new(AtomicBool::new(false)),
+                last_sweep: tokio::sync::Mutex::new(tokio::time::Instant::now()),
+            }),
+        })
+    }
+
+    /// Creates the schema and its tables, or brings them up to date. Safe to run from many
+    /// processes at once (it takes an advisory lock).
+    pub async fn migrate(&self) -> Result<()> {
+        migrator(&self.inner.schema)
+            .run(&self.inner.pool)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Backend, "migration failed").with_source(e))
+    }
+
+    /// The pool, for the application's own queries and transactions.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The schema name.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// Enqueues inside the caller's transaction: the job exists if and only if it commits.
+    /// Call [`wake`](Self::wake) after the commit to start it without waiting for a poll.
+    pub async fn enqueue_in(&self, conn: &mut PgConnection, job: NewJob) -> Result<Enqueued> {
+        job.check_size(self.inner.config.max_payload)?;
+        let fingerprint = job.fingerprint();
+        let row = q(&self.inner.sql.enqueue)
+            .bind(&job.kind)
+            .bind(job.key.as_str())
+            .bind(job.provider_key.as_uuid())
+            .bind(&job.payload)
+            .bind(&fingerprint)
+            .bind(severity_str(job.severity))
+            .bind(job.cap as i32)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| db(e, "enqueue"))?;
+        let Some(row) = row else {
+            // The conflicting row committed after this statement's snapshot; a retry sees it.
+            return Err(Error::temporary(format!("job {} is being enqueued concurrently", job.key)));
+        };
+        let id = JobId(row.get::<i64, _>("id").to_string());
+        if row.get::<bool, _>("created") {
+            return Ok(Enqueued::Created(id));
+        }
+        if row.get::<String, _>("fingerprint") != fingerprint {
+            return Err(key_conflict(&job.key, &id));
+        }
+        Ok(Enqueued::Duplicate(id))
+    }
+
+    /// Wakes idle workers now (after committing a transaction that enqueued).
+    pub fn wake(&self) {
+        let inner = &self.inner;
+        // One notification in flight is enough: it is sent after every commit that set the flag.
+        if inner.notify_pending.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (pool, sql, channel, pending) =
+            (inner.pool.clone(), Arc::clone(&inner.sql), inner.channel.clone(), Arc::clone(&inner.notify_pending));
+        tokio::spawn(async move {
+            pending.store(false, Ordering::Release);
+            if let Err(e) = q(&sql.notify).bind(channel).execute(&pool).await {
+                debug!(error = %e, "notify failed; workers will find the job by polling");
+            }
+        });
+    }
+
+    /// For a same-database effect, inside the caller's transaction: takes `key` in the
+    /// `applied_effects` table. `Fresh`: make the effect in the same transaction and commit;
+    /// the key and the effect land together or not at all. A concurrent transaction with the same
+    /// key waits here until this one ends.
+    pub async fn effect_once(&self, conn: &mut PgConnection, key: &IdempotencyKey) -> Result<EffectOnce> {
+        let taken = q(&self.inner.sql.effect_begin)
+            .bind(key.as_str())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| db(e, "take effect key"))?;
+        if taken.is_some() {
+            return Ok(EffectOnce::Fresh);
+        }
+        let at: DateTime<Utc> = q(&self.inner.sql.effect_result)
+            .bind(key.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| db(e, "read effect key"))?
+            .get(0);
+        Ok(EffectOnce::AlreadyApplied(at))
+    }
+
+    /// Opens a transaction with `key` taken for a same-database effect, or `None` if the effect
+    /// was already applied. Make the effect on the transaction, then commit it.
+    pub async fn effect_tx(&self, key: &IdempotencyKey) -> Result<Option<Transaction<'static, Postgres>>> {
+        let mut tx = self.inner.pool.begin().await.map_err(|e| db(e, "begin"))?;
+        match self.effect_once(&mut tx, key).await? {
+            EffectOnce::Fresh => Ok(Some(tx)),
+            EffectOnce::AlreadyApplied(_) => Ok(None),
+        }
+    }
+
+    async fn wake_signal(&self) -> Option<Arc<Notify>> {
+        if !self.inner.config.listen {
+            return None;
+        }
+        let notify = self
+            .inner
+            .wake
+            .get_or_init(|| async {
+                let notify = Arc::new(Notify::new());
+                tokio::spawn(listen(self.inner.pool.clone(), self.inner.channel.clone(), Arc::downgrade(&notify)));
+                notify
+            })
+            .await;
+        Some(Arc::clone(notify))
+    }
+
+    async fn sweep_if_due(&self) -> Result<()> {
+        let Ok(mut last) = self.inner.last_sweep.try_lock() else { return Ok(()) };
+        if last.elapsed() < self.inner.config.sweep_every {
+            return Ok(());
+        }
+        *last = tokio::time::Instant::now();
+        let swept = q(&self.inner.sql.sweep).fetch_all(&self.inner.pool).await.map_err(|e| db(e, "sweep"))?;
+        if !swept.is_empty() {
+            warn!(jobs = swept.len(), "returned jobs with expired leases to the queue");
+        }
+        Ok(())
+    }
+
+    async fn claim_once(&self, max: usize, lease: Duration) -> Result<Vec<Claimed>> {
+        let rows = q(&self.inner.sql.claim)
+            .bind(max as i64)
+            .bind(lease.as_secs_f64())
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "claim"))?;
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        rows.iter()
+            .map(|row| {
+                let claimed = claimed_from(row)?;
+                let job = HeldJob { id: row.get("id"), token: row.get("lease_token"), claims: row.get("claims") };
+                held.insert(claimed.job.key.clone(), job);
+                Ok(claimed)
+            })
+            .collect()
+    }
+
+    fn forget(&self, lease: &Lease) {
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.retain(|_, job| job.token.to_string() != lease.token);
+    }
+
+    async fn fenced(&self, sql: &Arc<str>, lease: &Lease, bind: impl FnOnce(FencedQuery) -> FencedQuery, what: &str) -> Result<()> {
+        let (id, token) = parse_lease(lease)?;
+        let query = bind(q(sql).bind(id).bind(token));
+        let row = query.fetch_optional(&self.inner.pool).await.map_err(|e| db(e, what))?;
+        row.map(|_| ()).ok_or_else(|| lease_lost(lease))
+    }
+}
+
+type FencedQuery = sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments>;
+
+/// Forwards NOTIFYs on `channel` to the claimers; ends when the backend is gone.
+async fn listen(pool: PgPool, channel: String, wake: Weak<Notify>) {
+    let mut listener = loop {
+        match PgListener::connect_with(&pool).await {
+            Ok(mut l) => match l.listen(&channel).await {
+                Ok(()) => break l,
+                Err(e) => warn!(error = %e, "LISTEN failed; polling until it works"),
+            },
+            Err(e) => warn!(error = %e, "no LISTEN connection; polling until there is one"),
+        }
+        if wake.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(30), listener.recv()).await;
+        let Some(wake) = wake.upgrade() else { return };
+        match next {
+            Ok(Ok(_)) => wake.notify_waiters(),
+            Ok(Err(e)) => {
+                // PgListener reconnects on the next recv; a notification lost meanwhile is
+                // covered by polling. Wake everyone in case one was.
+                warn!(error = %e, "LISTEN connection lost; reconnecting");
+                wake.notify_waiters();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+fn severity_str(severity: Severity) -> &'static str {
+    match severity {
+        Severity::Warning => "warning",
+        Severity::Error => "error",
+        Severity::Critical => "critical",
+    }
+}
+
+fn severity_from(s: &str) -> Severity {
+    match s {
+        "warning" => Severity::Warning,
+        "critical" => Severity::Critical,
+        _ => Severity::Error,
+    }
+}
+
+fn key_conflict(key: &IdempotencyKey, id: &JobId) -> Error {
+    Error::new(ErrorKind::KeyConflict, format!("key {key} already belongs to job {id} with a different payload"))
+}
+
+fn lease_lost(lease: &Lease) -> Error {
+    Error::new(ErrorKind::LeaseLost, format!("job {} is no longer held by this lease", lease.job_id))
+}
+
+fn parse_lease(lease: &Lease) -> Result<(i64, Uuid)> {
+    let id = lease.job_id.0.parse().map_err(|_| Error::new(ErrorKind::NotFound, format!("no job {}", lease.job_id)))?;
+    let token = Uuid::parse_str(&lease.token).map_err(|_| lease_lost(lease))?;
+    Ok((id, token))
+}
+
+fn parse_record_id(id: &FailureId) -> Result<i64> {
+    id.0.parse().map_err(|_| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))
+}
+
+fn key_from(s: String) -> Result<IdempotencyKey> {
+    IdempotencyKey::parse(s).map_err(|e| Error::new(ErrorKind::Decode, format!("stored key: {e}")))
+}
+
+fn claimed_from(row: &PgRow) -> Result<Claimed> {
+    let id: i64 = row.get("id");
+    let token: Uuid = row.get("lease_token");
+    Ok(Claimed {
+        job: JobRecord {
+            id: JobId(id.to_string()),
+            kind: row.get("kind"),
+            key: key_from(row.get("idempotency_key"))?,
+            provider_key: ProviderKey::from_uuid(row.get("provider_key")),
+            payload: row.get("payload"),
+            attempt: row.get::<i32, _>("attempts") as u32,
+            cap: row.get::<i32, _>("cap") as u32,
+            severity: severity_from(row.get("severity")),
+            enqueued_at: row.get("created_at"),
+        },
+        lease: Lease { job_id: JobId(id.to_string()), token: token.to_string() },
+    })
+}
+
+fn record_from(row: &PgRow) -> Result<FailureRecord> {
+    let state = match row.get::<&str, _>("state") {
+        "open" => RecordState::Open,
+        "replayed" => RecordState::Replayed { at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default() },
+        _ => RecordState::Discarded {
+            at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default(),
+            reason: row.get::<Option<String>, _>("discard_reason").unwrap_or_default(),
+            actor: row.get::<Option<String>, _>("discarded_by").unwrap_or_default(),
+        },
+    };
+    let errors: Vec<AttemptError> = serde_json::from_value(row.get("errors"))
+        .map_err(|e| Error::new(ErrorKind::Decode, "stored error history does not decode").with_source(e))?;
+    Ok(FailureRecord {
+        id: FailureId(row.get::<i64, _>("id").to_string()),
+        job_id: JobId(row.get::<i64, _>("job_id").to_string()),
+        kind: row.get("kind"),
+        key: key_from(row.get("idempotency_key"))?,
+        provider_key: ProviderKey::from_uuid(row.get("provider_key")),
+        payload: row.get("payload"),
+        last_error: row.get("last_error"),
+        errors,
+        attempts: row.get::<i32, _>("attempts") as u32,
+        cap: row.get::<i32, _>("cap") as u32,
+        severity: severity_from(row.get("severity")),
+        first_failed_at: row.get("first_failed_at"),
+        last_failed_at: row.get("last_failed_at"),
+        state,
+    })
+}
+
+impl Enqueue for PgBackend {
+    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| db(e, "enqueue"))?;
+        let result = self.enqueue_in(&mut conn, job).await?;
+        if result.is_created() {
+            self.wake();
+        }
+        Ok(result)
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut fingerprints: HashMap<&IdempotencyKey, String> = HashMap::new();
+        for job in &jobs {
+            job.check_size(self.inner.config.max_payload)?;
+            let fingerprint = job.fingerprint();
+            if fingerprints.insert(&job.key, fingerprint.clone()).is_some_and(|f| f != fingerprint) {
+                return Err(Error::new(ErrorKind::KeyConflict, format!("key {} is used with two payloads in one batch", job.key)));
+            }
+        }
+        let column = |f: fn(&NewJob) -> String| jobs.iter().map(f).collect::<Vec<_>>();
+        let mut tx = self.inner.pool.begin().await.map_err(|e| db(e, "begin"))?;
+        let inserted = q(&self.inner.sql.enqueue_batch)
+            .bind(column(|j| j.kind.clone()))
+            .bind(column(|j| j.key.to_string()))
+            .bind(jobs.iter().map(|j| j.provider_key.as_uuid()).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.payload.clone()).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| fingerprints[&j.key].clone()).collect::<Vec<_>>())
+            .bind(column(|j| severity_str(j.severity).to_owned()))
+            .bind(jobs.iter().map(|j| j.cap as i32).collect::<Vec<_>>())
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db(e, "batch enqueue"))?;
+        let created: HashMap<String, i64> = inserted.iter().map(|r| (r.get("idempotency_key"), r.get("id"))).collect();
+        let others: Vec<String> = jobs.iter().map(|j| j.key.to_string()).filter(|k| !created.contains_key(k)).collect();
+        let mut existing: HashMap<String, (i64, String)> = HashMap::new();
+        if !others.is_empty() {
+            let rows = q(&self.inner.sql.existing).bind(&others).fetch_all(&mut *tx).await.map_err(|e| db(e, "batch enqueue"))?;
+            for r in rows {
+                existing.insert(r.get("idempotency_key"), (r.get("id"), r.get("fingerprint")));
+            }
+        }
+        let mut first_seen = HashSet::new();
+        let mut results = Vec::with_capacity(jobs.len());
+        for job in &jobs {
+            let key = job.key.as_str();
+            if let Some(id) = created.get(key) {
+                let id = JobId(id.to_string());
+                // The same key twice in one batch: the first copy created it.
+                results.push(if first_seen.insert(key) { Enqueued::Created(id) } else { Enqueued::Duplicate(id) });
+            } else if let Some((id, fingerprint)) = existing.get(key) {
+                let id = JobId(id.to_string());
+                if *fingerprint != fingerprints[&job.key] {
+                    // All or nothing: the transaction rolls back on drop.
+                    return Err(key_conflict(&job.key, &id));
+                }
+                results.push(Enqueued::Duplicate(id));
+            } else {
+                return Err(Error::temporary(format!("job {key} is being enqueued concurrently")));
+            }
+        }
+        tx.commit().await.map_err(|e| db(e, "commit batch enqueue"))?;
+        if !created.is_empty() {
+            self.wake();
+        }
+        Ok(results)
+    }
+}
+
+impl Claim for PgBackend {
+    async fn claim(&self, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let wake = self.wake_signal().await;
+        loop {
+            let notified = wake.as_ref().map(|n| n.notified());
+            let mut notified = std::pin::pin!(notified);
+            if let Some(n) = notified.as_mut().as_pin_mut() {
+                // Registered before looking, so a NOTIFY in between is not missed.
+                n.enable();
+            }
+            self.sweep_if_due().await?;
+            let claimed = self.claim_once(max, lease).await?;
+            let now = tokio::time::Instant::now();
+            if !claimed.is_empty() || now >= deadline {
+                return Ok(claimed);
+            }
+            let nap = tokio::time::sleep_until(deadline.min(now + self.inner.config.poll));
+            match notified.as_pin_mut() {
+                Some(n) => {
+                    tokio::select! {
+                        () = n => {}
+                        () = nap => {}
+                    }
+                }
+                None => nap.await,
+            }
+        }
+    }
+
+    async fn complete(&self, lease: &Lease) -> Result<()> {
+        let (id, token) = parse_lease(lease)?;
+        let finished = self.inner.finished.lock().unwrap_or_else(|p| p.into_inner()).remove(&token);
+        self.forget(lease);
+        if finished {
+            return Ok(());
+        }
+        if self.inner.completer.complete(id, token, None).await? { Ok(()) } else { Err(lease_lost(lease)) }
+    }
+
+    async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
+        self.forget(lease);
+        self.fenced(&self.inner.sql.retry, lease, |q| q.bind(delay.as_secs_f64()).bind(error.to_owned()), "retry").await?;
+        if delay < self.inner.config.poll {
+            self.wake();
+        }
+        Ok(())
+    }
+
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<()> {
+        self.fenced(&self.inner.sql.extend, lease, |q| q.bind(by.as_secs_f64()), "extend lease").await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.forget(lease);
+        self.fenced(&self.inner.sql.release, lease, |q| q, "release").await?;
+        self.wake();
+        Ok(())
+    }
+
+    async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<FailureRecord> {
+        self.forget(&claimed.lease);
+        let (id, token) = parse_lease(&claimed.lease)?;
+        let row = q(&self.inner.sql.dead_letter)
+            .bind(id)
+            .bind(token)
+            .bind(error)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "dead-letter"))?;
+        record_from(&row.ok_or_else(|| lease_lost(&claimed.lease))?)
+    }
+}
+
+impl DeadLetter for PgBackend {
+    async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
+        let after = query.after.as_ref().map(parse_record_id).transpose()?.unwrap_or(0);
+        let rows = q(&self.inner.sql.list_failures)
+            .bind(query.kind.clone())
+            .bind(query.open)
+            .bind(query.failed_before)
+            .bind(after)
+            .bind(query.page_size() as i64)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "list failure records"))?;
+        rows.iter().map(record_from).collect()
+    }
+
+    async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
+        let row = q(&self.inner.sql.get_failure)
+            .bind(parse_record_id(id)?)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "get failure record"))?;
+        record_from(&row.ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))?)
+    }
+
+    async fn count_open(&self) -> Result<u64> {
+        let n: i64 = q(&self.inner.sql.count_open)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "count failure records"))?
+            .get(0);
+        Ok(n as u64)
+    }
+
+    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        let closed = q(&self.inner.sql.discard)
+            .bind(parse_record_id(id)?)
+            .bind(reason)
+            .bind(actor)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "discard"))?;
+        if closed.is_none() {
+            self.get(id).await?; // NotFound, or already closed: nothing to do
+        }
+        Ok(())
+    }
+
+    async fn purge(&self, age: Duration) -> Result<u64> {
+        let done = q(&self.inner.sql.purge)
+            .bind(age.as_secs_f64())
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "purge"))?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl Replay for PgBackend {
+    async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
+        let row = q(&self.inner.sql.replay)
+            .bind(parse_record_id(id)?)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "replay"))?;
+        match row {
+            Some(row) => {
+                self.wake();
+                Ok(ReplayOutcome::Replayed(JobId(row.get::<i64, _>("id").to_string())))
+            }
+            None => {
+                let record = self.get(id).await?;
+                if record.state.is_open() {
+                    return Err(Error::new(ErrorKind::NotFound, format!("the job of record {id} is gone")));
+                }
+                Ok(ReplayOutcome::AlreadyClosed(record.state))
+            }
+        }
+    }
+}
+
+impl Ledger for PgBackend {
+    async fn begin(&self, key: &IdempotencyKey, fingerprint: &str, hold: Duration) -> Result<Begin> {
+        let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner()).get(key).copied();
+        if let Some(job) = held {
+            // A job claimed here: its row is the ledger entry, its lease the hold, and the unique
+            // key means no other row can carry the effect. No round trip needed.
+            let hold = Hold { key: key.clone(), token: format!("{JOB_HOLD}{}:{}", job.id, job.token) };
+            return Ok(if job.claims > 1 { Begin::Resumed(hold) } else { Begin::Fresh(hold) });
+        }
+        let token = Uuid::new_v4();
+        let taken = q(&self.inner.sql.ledger_begin)
+            .bind(key.as_str())
+            .bind(fingerprint)
+            .bind(token)
+            .bind(hold.as_secs_f64())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "ledger begin"))?;
+        let hold_of = || Hold { key: key.clone(), token: token.to_string() };
+        if let Some(row) = taken {
+            return Ok(if row.get::<bool, _>("fresh") { Begin::Fresh(hold_of()) } else { Begin::Resumed(hold_of()) });
+        }
+        let row = q(&self.inner.sql.ledger_state)
+            .bind(key.as_str())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "ledger state"))?
+            .ok_or_else(|| Error::temporary(format!("key {key} changed while it was read")))?;
+        if row.get::<String, _>("fingerprint") != fingerprint {
+            return Err(Error::new(ErrorKind::KeyConflict, format!("key {key} was used with a different payload")));
+        }
+        Ok(match row.get::<&str, _>("state") {
+            "done" => Begin::Done(row.get::<Option<Value>, _>("result").unwrap_or(Value::Null)),
+            _ => Begin::Busy(Duration::from_secs_f64(row.get::<f64, _>("held_for_secs"))),
+        })
+    }
+
+    async fn extend_hold(&self, hold: &Hold, by: Duration) -> Result<()> {
+        if hold.token.starts_with(JOB_HOLD) {
+            return Ok(()); // the lease heartbeat extends it
+        }
+        let row = q(&self.inner.sql.ledger_extend)
+            .bind(hold.key.as_str())
+            .bind(Uuid::parse_str(&hold.token).unwrap_or_default())
+            .bind(by.as_secs_f64())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "ledger extend"))?;
+        row.map(|_| ()).ok_or_else(|| Error::new(ErrorKind::LeaseLost, format!("key {} is no longer held here", hold.key)))
+    }
+
+    async fn release_hold(&self, hold: &Hold) -> Result<()> {
+        if hold.token.starts_with(JOB_HOLD) {
+            return Ok(()); // settling the job settles its row
+        }
+        q(&self.inner.sql.ledger_release)
+            .bind(hold.key.as_str())
+            .bind(Uuid::parse_str(&hold.token).unwrap_or_default())
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "ledger release"))?;
+        Ok(())
+    }
+
+    async fn finish(&self, hold: &Hold, result: &Value) -> Result<()> {
+        if let Some(job) = hold.token.strip_prefix(JOB_HOLD) {
+            // Done with its result, and the job complete, in one fenced write.
+            let (id, token) = job.split_once(':').unwrap_or_default();
+            let (id, token) = (id.parse().unwrap_or_default(), Uuid::parse_str(token).unwrap_or_default());
+            if self.inner.completer.complete(id, token, Some(result.clone())).await? {
+                self.inner.finished.lock().unwrap_or_else(|p| p.into_inner()).insert(token);
+            }
+            return Ok(());
+        }
+        q(&self.inner.sql.ledger_finish)
+            .bind(hold.key.as_str())
+            .bind(result)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "ledger finish"))?;
+        Ok(())
+    }
+}

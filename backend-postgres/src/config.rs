@@ -1,0 +1,94 @@
+//! How to reach the database and how the backend behaves.
+
+use std::time::Duration;
+
+use redrive_core::{Error, ErrorKind, Result};
+
+/// The Postgres backend's configuration. `PgConfig::from_env()` reads `DATABASE_URL` and,
+/// optionally, `REDRIVE_PG_SCHEMA`.
+#[derive(Clone)]
+pub struct PgConfig {
+    pub(crate) url: String,
+    pub(crate) schema: String,
+    pub(crate) max_connections: u32,
+    pub(crate) max_payload: usize,
+    pub(crate) poll: Duration,
+    pub(crate) sweep_every: Duration,
+    pub(crate) listen: bool,
+}
+
+// The URL may hold a password: never printed.
+impl std::fmt::Debug for PgConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgConfig")
+            .field("schema", &self.schema)
+            .field("max_connections", &self.max_connections)
+            .field("max_payload", &self.max_payload)
+            .field("poll", &self.poll)
+            .field("sweep_every", &self.sweep_every)
+            .field("listen", &self.listen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgConfig {
+    /// Connects to `url` (`postgres://user@host:port/db`), schema `redrive`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            schema: "redrive".into(),
+            max_connections: 10,
+            max_payload: 1024 * 1024,
+            poll: Duration::from_secs(1),
+            sweep_every: Duration::from_secs(2),
+            listen: true,
+        }
+    }
+
+    /// From `DATABASE_URL`, and `REDRIVE_PG_SCHEMA` if set.
+    pub fn from_env() -> Result<Self> {
+        let url = std::env::var("DATABASE_URL")
+            .map_err(|_| Error::new(ErrorKind::Config, "DATABASE_URL is not set"))?;
+        let config = Self::new(url);
+        Ok(match std::env::var("REDRIVE_PG_SCHEMA") {
+            Ok(schema) => config.with_schema(schema),
+            Err(_) => config,
+        })
+    }
+
+    /// The schema holding redrive's tables (checked at connect: `[a-z_][a-z0-9_]*`, at most 48).
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The pool size (default 10).
+    pub fn with_max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(2);
+        self
+    }
+
+    /// The largest payload accepted, in bytes of compact JSON (default 1 MiB).
+    pub fn with_max_payload(mut self, bytes: usize) -> Self {
+        self.max_payload = bytes;
+        self
+    }
+
+    /// How often an idle claim looks for work without a notification (default 1 s).
+    pub fn with_poll(mut self, every: Duration) -> Self {
+        self.poll = every;
+        self
+    }
+
+    /// How often claims also return expired leases to the queue (default 2 s).
+    pub fn with_sweep_every(mut self, every: Duration) -> Self {
+        self.sweep_every = every;
+        self
+    }
+
+    /// Turns LISTEN/NOTIFY wake-ups off, leaving polling alone (default on).
+    pub fn with_listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+}

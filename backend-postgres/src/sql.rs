@@ -1,0 +1,113 @@
+//! The SQL, read from `queries/*.sql` and `migrations/*.sql` at compile time, with the schema
+//! name filled in once at start-up.
+
+use std::sync::Arc;
+
+use redrive_core::{Error, ErrorKind, Result};
+use sqlx::{AssertSqlSafe, SqlSafeStr};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+
+/// A schema name: a plain lower-case SQL identifier, so that quoting it is all the escaping needed.
+pub(crate) fn check_schema(name: &str) -> Result<()> {
+    let mut bytes = name.bytes();
+    let first_ok = bytes.next().is_some_and(|b| b.is_ascii_lowercase() || b == b'_');
+    let ok = first_ok
+        && name.len() <= 48
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !name.starts_with("pg_");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorKind::InvalidName,
+            format!("schema name {name:?} must be 1 to 48 of a-z 0-9 _, start with a letter or _, and not start with pg_"),
+        ))
+    }
+}
+
+macro_rules! queries {
+    ($($name:ident),* $(,)?) => {
+        /// Every query, with the schema filled in.
+        pub(crate) struct Queries { $(pub(crate) $name: Arc<str>,)* }
+
+        impl Queries {
+            pub(crate) fn new(schema: &str) -> Self {
+                let quoted = format!("\"{schema}\"");
+                Self { $($name: include_str!(concat!("../queries/", stringify!($name), ".sql")).replace("{schema}", &quoted).into(),)* }
+            }
+        }
+    };
+}
+
+queries!(
+    enqueue,
+    enqueue_batch,
+    existing,
+    claim,
+    complete,
+    retry,
+    extend,
+    release,
+    dead_letter,
+    sweep,
+    list_failures,
+    get_failure,
+    count_open,
+    discard,
+    purge,
+    replay,
+    ledger_begin,
+    ledger_state,
+    ledger_extend,
+    ledger_release,
+    ledger_finish,
+    effect_begin,
+    effect_result,
+    notify,
+);
+
+/// Runs a query string that was built from the files above.
+pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+}
+
+/// The embedded migrations for `schema`, tracked in `"schema"._sqlx_migrations`, so several
+/// schemas in one database migrate independently.
+pub(crate) fn migrator(schema: &str) -> Migrator {
+    let quoted = format!("\"{schema}\"");
+    let files: [(i64, &str, &str); 1] = [(1, "init", include_str!("../migrations/0001_init.sql"))];
+    let migrations = files
+        .into_iter()
+        .map(|(version, description, sql)| {
+            let sql = AssertSqlSafe(sql.replace("{schema}", &quoted)).into_sql_str();
+            Migration::new(version, description.into(), MigrationType::Simple, sql, false)
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.create_schema(quoted.clone());
+    migrator.dangerous_set_table_name(format!("{quoted}._sqlx_migrations"));
+    migrator
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        for ok in ["redrive", "_jobs", "tenant_42"] {
+            assert!(check_schema(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "Redrive", "1jobs", "a-b", "x\"; drop table jobs; --", "pg_catalog", &"a".repeat(49)] {
+            assert_eq!(check_schema(bad).unwrap_err().kind(), ErrorKind::InvalidName, "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_query_names_the_schema() {
+        let q = Queries::new("tenant_1");
+        for sql in [&q.enqueue, &q.claim, &q.dead_letter, &q.replay, &q.sweep, &q.ledger_begin] {
+            assert!(sql.contains("\"tenant_1\".") && !sql.contains("{schema}"));
+        }
+    }
+}

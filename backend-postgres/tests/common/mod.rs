@@ -1,0 +1,54 @@
+//! Test databases: a fresh schema per test on the real PostgreSQL that `scripts/services`
+//! starts. A missing database fails the test; it never skips.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use redrive_postgres::{PgBackend, PgConfig};
+use sqlx::Row;
+use tokio::sync::OnceCell;
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+static CLEANED: OnceCell<()> = OnceCell::const_new();
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// Drops the schemas earlier test processes left behind (their pid is gone).
+async fn drop_stale_schemas(pool: &sqlx::PgPool) {
+    let rows = sqlx::query("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'rdt\\_%'")
+        .fetch_all(pool)
+        .await
+        .expect("list test schemas");
+    for row in rows {
+        let name: String = row.get(0);
+        let pid: Option<u32> = name.split('_').nth(1).and_then(|p| p.parse().ok());
+        let alive = pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+        if !alive {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))).execute(pool).await;
+        }
+    }
+}
+
+/// A migrated backend on a schema of its own, with quick sweeps for the lease tests.
+pub async fn backend(label: &str) -> PgBackend {
+    let schema = format!("rdt_{}_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed), label);
+    let config = PgConfig::new(database_url())
+        .with_schema(schema)
+        .with_max_connections(6)
+        .with_sweep_every(Duration::from_millis(100))
+        .with_poll(Duration::from_millis(200));
+    backend_with(config).await
+}
+
+pub async fn backend_with(config: PgConfig) -> PgBackend {
+    let backend = PgBackend::connect(config).await.unwrap_or_else(|e| {
+        panic!("PostgreSQL is required for these tests (run scripts/test, or set DATABASE_URL): {e}")
+    });
+    CLEANED.get_or_init(|| drop_stale_schemas(backend.pool())).await;
+    backend.migrate().await.expect("migrate");
+    backend
+}
