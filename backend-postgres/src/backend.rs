@@ -258,7 +258,13 @@ impl PgBackend {
         held.retain(|_, job| job.token.to_string() != lease.token);
     }
 
-    async fn fenced(&self, sql: &Arc<str>, lease: &Lease, bind: impl FnOnce(FencedQuery) -> FencedQuery, what: &str) -> Result<()> {
+    async fn fenced(
+        &self,
+        sql: &Arc<str>,
+        lease: &Lease,
+        bind: impl FnOnce(FencedQuery) -> FencedQuery,
+        what: &str,
+    ) -> Result<()> {
         let (id, token) = parse_lease(lease)?;
         let query = bind(q(sql).bind(id).bind(token));
         let row = query.fetch_optional(&self.inner.pool).await.map_err(|e| db(e, what))?;
@@ -360,7 +366,9 @@ fn claimed_from(row: &PgRow) -> Result<Claimed> {
 fn record_from(row: &PgRow) -> Result<FailureRecord> {
     let state = match row.get::<&str, _>("state") {
         "open" => RecordState::Open,
-        "replayed" => RecordState::Replayed { at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default() },
+        "replayed" => {
+            RecordState::Replayed { at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default() }
+        }
         _ => RecordState::Discarded {
             at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default(),
             reason: row.get::<Option<String>, _>("discard_reason").unwrap_or_default(),
@@ -406,7 +414,10 @@ impl Enqueue for PgBackend {
             job.check_size(self.inner.config.max_payload)?;
             let fingerprint = job.fingerprint();
             if fingerprints.insert(&job.key, fingerprint.clone()).is_some_and(|f| f != fingerprint) {
-                return Err(Error::new(ErrorKind::KeyConflict, format!("key {} is used with two payloads in one batch", job.key)));
+                return Err(Error::new(
+                    ErrorKind::KeyConflict,
+                    format!("key {} is used with two payloads in one batch", job.key),
+                ));
             }
         }
         let column = |f: fn(&NewJob) -> String| jobs.iter().map(f).collect::<Vec<_>>();
@@ -426,7 +437,11 @@ impl Enqueue for PgBackend {
         let others: Vec<String> = jobs.iter().map(|j| j.key.to_string()).filter(|k| !created.contains_key(k)).collect();
         let mut existing: HashMap<String, (i64, String)> = HashMap::new();
         if !others.is_empty() {
-            let rows = q(&self.inner.sql.existing).bind(&others).fetch_all(&mut *tx).await.map_err(|e| db(e, "batch enqueue"))?;
+            let rows = q(&self.inner.sql.existing)
+                .bind(&others)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db(e, "batch enqueue"))?;
             for r in rows {
                 existing.insert(r.get("idempotency_key"), (r.get("id"), r.get("fingerprint")));
             }
@@ -500,7 +515,8 @@ impl Claim for PgBackend {
 
     async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
         self.forget(lease);
-        self.fenced(&self.inner.sql.retry, lease, |q| q.bind(delay.as_secs_f64()).bind(error.to_owned()), "retry").await?;
+        self.fenced(&self.inner.sql.retry, lease, |q| q.bind(delay.as_secs_f64()).bind(error.to_owned()), "retry")
+            .await?;
         if delay < self.inner.config.poll {
             self.wake();
         }
@@ -660,7 +676,8 @@ impl Ledger for PgBackend {
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(|e| db(e, "ledger extend"))?;
-        row.map(|_| ()).ok_or_else(|| Error::new(ErrorKind::LeaseLost, format!("key {} is no longer held here", hold.key)))
+        row.map(|_| ())
+            .ok_or_else(|| Error::new(ErrorKind::LeaseLost, format!("key {} is no longer held here", hold.key)))
     }
 
     async fn release_hold(&self, hold: &Hold) -> Result<()> {

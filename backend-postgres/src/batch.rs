@@ -55,7 +55,9 @@ async fn flush_loop(pool: PgPool, sql: Arc<Queries>, mut rx: mpsc::UnboundedRece
         // mid-flight is simply retried on another one.
         let run = || q(&sql.complete).bind(&ids).bind(&tokens).bind(&results).fetch_all(&pool);
         let outcome = run
-            .retry(ExponentialBuilder::default().with_min_delay(Duration::from_millis(20)).with_max_times(6).with_jitter())
+            .retry(
+                ExponentialBuilder::default().with_min_delay(Duration::from_millis(20)).with_max_times(6).with_jitter(),
+            )
             .when(is_connection_loss)
             .await;
         match outcome {

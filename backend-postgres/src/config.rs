@@ -47,8 +47,8 @@ impl PgConfig {
 
     /// From `DATABASE_URL`, and `REDRIVE_PG_SCHEMA` if set.
     pub fn from_env() -> Result<Self> {
-        let url = std::env::var("DATABASE_URL")
-            .map_err(|_| Error::new(ErrorKind::Config, "DATABASE_URL is not set"))?;
+        let url =
+            std::env::var("DATABASE_URL").map_err(|_| Error::new(ErrorKind::Config, "DATABASE_URL is not set"))?;
         let config = Self::new(url);
         Ok(match std::env::var("REDRIVE_PG_SCHEMA") {
             Ok(schema) => config.with_schema(schema),

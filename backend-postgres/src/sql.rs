@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use redrive_core::{Error, ErrorKind, Result};
-use sqlx::{AssertSqlSafe, SqlSafeStr};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AssertSqlSafe, SqlSafeStr};
 
 /// A schema name: a plain lower-case SQL identifier, so that quoting it is all the escaping needed.
 pub(crate) fn check_schema(name: &str) -> Result<()> {
@@ -20,7 +20,9 @@ pub(crate) fn check_schema(name: &str) -> Result<()> {
     } else {
         Err(Error::new(
             ErrorKind::InvalidName,
-            format!("schema name {name:?} must be 1 to 48 of a-z 0-9 _, start with a letter or _, and not start with pg_"),
+            format!(
+                "schema name {name:?} must be 1 to 48 of a-z 0-9 _, start with a letter or _, and not start with pg_"
+            ),
         ))
     }
 }

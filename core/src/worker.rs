@@ -11,7 +11,8 @@ use chrono::Utc;
 use futures_util::FutureExt;
 use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -30,7 +31,8 @@ const BUSY_RECHECK: Duration = Duration::from_secs(1);
 pub struct WorkerConfig {
     /// Handlers running at once (default 8).
     pub concurrency: usize,
-    /// Most jobs taken per claim call (default 10; never more than free slots).
+    /// Most jobs claimed ahead of the running handlers, and so per claim call (default 32).
+    /// Buffered jobs that wait half their lease are released rather than run late.
     pub batch: usize,
     /// How long a claim holds a job before another worker may take it (default 30 s).
     pub lease: Duration,
@@ -51,7 +53,7 @@ impl Default for WorkerConfig {
         let lease = Duration::from_secs(30);
         Self {
             concurrency: 8,
-            batch: 10,
+            batch: 32,
             lease,
             heartbeat: Some(lease / 3),
             poll: Duration::from_secs(1),
@@ -76,14 +78,17 @@ pub struct WorkerStats {
     pub retried: u64,
     /// Failure records written.
     pub dead_lettered: u64,
-    /// Jobs given back at shutdown.
+    /// Running jobs given back when the shutdown grace ran out.
     pub released: u64,
+    /// Claimed jobs given back before they started: at shutdown, or after waiting half their
+    /// lease in the buffer.
+    pub handed_back: u64,
     /// Settlements refused because the lease had moved on.
     pub lease_lost: u64,
 }
 
 #[derive(Debug, Default)]
-struct Counters([AtomicU64; 8]);
+struct Counters([AtomicU64; 9]);
 
 #[derive(Clone, Copy)]
 enum Count {
@@ -94,6 +99,7 @@ enum Count {
     Retried,
     DeadLettered,
     Released,
+    HandedBack,
     LeaseLost,
 }
 
@@ -112,6 +118,7 @@ impl Counters {
             retried: get(Count::Retried),
             dead_lettered: get(Count::DeadLettered),
             released: get(Count::Released),
+            handed_back: get(Count::HandedBack),
             lease_lost: get(Count::LeaseLost),
         }
     }
@@ -304,27 +311,26 @@ impl RunningWorker {
     }
 }
 
+/// Claims into a buffer of up to `batch` jobs (so the next claim overlaps the running
+/// handlers) and dispatches from it to at most `concurrency` handlers.
 async fn claim_loop<Q: Claim + 'static, L: Ledger + 'static>(
     shared: Arc<Shared<Q, L>>,
     stop: CancellationToken,
     abandon: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let slots = Arc::new(Semaphore::new(shared.config.concurrency));
+    let (buffer, waiting) = mpsc::channel::<(Instant, Claimed)>(shared.config.batch.max(1));
+    let dispatcher = tokio::spawn(dispatch(Arc::clone(&shared), waiting, stop.clone(), abandon, tracker));
     let mut failures = 0u32;
     while !stop.is_cancelled() {
-        let first = tokio::select! {
-            permit = Arc::clone(&slots).acquire_owned() => permit.expect("the semaphore is never closed"),
+        let room = tokio::select! {
+            slot = buffer.reserve() => match slot {
+                Ok(slot) => { drop(slot); buffer.capacity().max(1) }
+                Err(_) => break,
+            },
             () = stop.cancelled() => break,
         };
-        let mut permits = vec![first];
-        while permits.len() < shared.config.batch {
-            match Arc::clone(&slots).try_acquire_owned() {
-                Ok(p) => permits.push(p),
-                Err(_) => break,
-            }
-        }
-        let claimed = match shared.queue.claim(permits.len(), shared.config.lease, shared.config.poll).await {
+        let claimed = match shared.queue.claim(room, shared.config.lease, shared.config.poll).await {
             Ok(claimed) => {
                 failures = 0;
                 claimed
@@ -342,22 +348,62 @@ async fn claim_loop<Q: Claim + 'static, L: Ledger + 'static>(
             }
         };
         shared.counters.add(Count::Claimed, claimed.len() as u64);
-        for (job, permit) in claimed.into_iter().zip(permits) {
-            let shared = Arc::clone(&shared);
-            let abandon = abandon.clone();
-            let span = info_span!("job", id = %job.job.id, kind = %job.job.kind, attempt = job.job.attempt, key = %job.job.key);
-            tracker.spawn(
-                async move {
-                    shared.process(job, abandon).await;
-                    drop(permit);
-                }
-                .instrument(span),
-            );
+        let now = Instant::now();
+        for job in claimed {
+            // Only this loop sends, and it claimed no more than the free room.
+            if buffer.send((now, job)).await.is_err() {
+                break;
+            }
         }
+    }
+    drop(buffer);
+    if let Err(e) = dispatcher.await {
+        error!(error = %e, "worker dispatcher panicked");
+    }
+}
+
+async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
+    shared: Arc<Shared<Q, L>>,
+    mut waiting: mpsc::Receiver<(Instant, Claimed)>,
+    stop: CancellationToken,
+    abandon: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let slots = Arc::new(Semaphore::new(shared.config.concurrency));
+    while let Some((claimed_at, job)) = waiting.recv().await {
+        let permit = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => Some(permit.expect("the semaphore is never closed")),
+            () = stop.cancelled() => None,
+        };
+        let span =
+            info_span!("job", id = %job.job.id, kind = %job.job.kind, attempt = job.job.attempt, key = %job.job.key);
+        // A job that waited in the buffer for half its lease, or that shutdown caught before it
+        // started, goes back at once rather than running on a lease about to lapse.
+        let Some(permit) = permit.filter(|_| claimed_at.elapsed() < shared.config.lease / 2 && !stop.is_cancelled())
+        else {
+            let shared = Arc::clone(&shared);
+            tracker.spawn(async move { shared.give_back(&job).await }.instrument(span));
+            continue;
+        };
+        let shared = Arc::clone(&shared);
+        let abandon = abandon.clone();
+        tracker.spawn(
+            async move {
+                shared.process(job, abandon).await;
+                drop(permit);
+            }
+            .instrument(span),
+        );
     }
 }
 
 impl<Q: Claim, L: Ledger> Shared<Q, L> {
+    async fn give_back(&self, claimed: &Claimed) {
+        debug!("handed back before it started");
+        self.counters.add(Count::HandedBack, 1);
+        self.settle(self.queue.release(&claimed.lease).await);
+    }
+
     async fn process(&self, claimed: Claimed, abandon: CancellationToken) {
         let job = &claimed.job;
         let Some(handler) = self.handlers.get(&job.kind) else {

@@ -28,7 +28,9 @@ async fn drop_stale_schemas(pool: &sqlx::PgPool) {
         let pid: Option<u32> = name.split('_').nth(1).and_then(|p| p.parse().ok());
         let alive = pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
         if !alive {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))).execute(pool).await;
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")))
+                .execute(pool)
+                .await;
         }
     }
 }
