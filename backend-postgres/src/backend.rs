@@ -80,7 +80,7 @@ impl PgBackend {
             .map_err(|_| Error::new(ErrorKind::Config, "the Postgres connection URL does not parse"))?;
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
-            .connect_with(options.application_name("redrive"))
+            .connect_with(options.application_name(&config.application_name))
             .await
             .map_err(|e| db(e, "connect to Postgres"))?;
         Self::from_pool(pool, config)
@@ -132,19 +132,26 @@ impl PgBackend {
     pub async fn enqueue_in(&self, conn: &mut PgConnection, job: NewJob) -> Result<Enqueued> {
         job.check_size(self.inner.config.max_payload)?;
         let fingerprint = job.fingerprint();
-        let row = q(&self.inner.sql.enqueue)
-            .bind(&job.kind)
-            .bind(job.key.as_str())
-            .bind(job.provider_key.as_uuid())
-            .bind(&job.payload)
-            .bind(&fingerprint)
-            .bind(severity_str(job.severity))
-            .bind(job.cap as i32)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(|e| db(e, "enqueue"))?;
+        let mut row = None;
+        // No row at all: the conflicting insert committed after this statement's snapshot was
+        // taken. The next statement's snapshot sees it (under READ COMMITTED).
+        for _ in 0..2 {
+            row = q(&self.inner.sql.enqueue)
+                .bind(&job.kind)
+                .bind(job.key.as_str())
+                .bind(job.provider_key.as_uuid())
+                .bind(&job.payload)
+                .bind(&fingerprint)
+                .bind(severity_str(job.severity))
+                .bind(job.cap as i32)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| db(e, "enqueue"))?;
+            if row.is_some() {
+                break;
+            }
+        }
         let Some(row) = row else {
-            // The conflicting row committed after this statement's snapshot; a retry sees it.
             return Err(Error::temporary(format!("job {} is being enqueued concurrently", job.key)));
         };
         let id = JobId(row.get::<i64, _>("id").to_string());

@@ -15,6 +15,7 @@ pub struct PgConfig {
     pub(crate) poll: Duration,
     pub(crate) sweep_every: Duration,
     pub(crate) listen: bool,
+    pub(crate) application_name: String,
 }
 
 // The URL may hold a password: never printed.
@@ -27,6 +28,7 @@ impl std::fmt::Debug for PgConfig {
             .field("poll", &self.poll)
             .field("sweep_every", &self.sweep_every)
             .field("listen", &self.listen)
+            .field("application_name", &self.application_name)
             .finish_non_exhaustive()
     }
 }
@@ -42,6 +44,7 @@ impl PgConfig {
             poll: Duration::from_secs(1),
             sweep_every: Duration::from_secs(2),
             listen: true,
+            application_name: "redrive".into(),
         }
     }
 
@@ -83,6 +86,12 @@ impl PgConfig {
     /// How often claims also return expired leases to the queue (default 2 s).
     pub fn with_sweep_every(mut self, every: Duration) -> Self {
         self.sweep_every = every;
+        self
+    }
+
+    /// The `application_name` the connections show in `pg_stat_activity` (default `redrive`).
+    pub fn with_application_name(mut self, name: impl Into<String>) -> Self {
+        self.application_name = name.into();
         self
     }
 
