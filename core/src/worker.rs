@@ -570,3 +570,138 @@ fn error_of(outcome: &Outcome) -> &str {
         Outcome::Retry { error, .. } | Outcome::Fail { error } => error,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use serde::Deserialize;
+    use serde_json::json;
+
+    use super::*;
+    use crate::backend::{DeadLetter, Enqueue, EnqueueExt, FailureQuery};
+    use crate::error::Error;
+    use crate::job::NewJob;
+    use crate::key::{IdempotencyKey, KeyBuilder};
+    use crate::memory::MemoryBackend;
+
+    #[derive(Serialize, Deserialize)]
+    struct Ping {
+        n: u32,
+    }
+
+    impl Job for Ping {
+        const KIND: &'static str = "ping";
+        const CAP: Option<u32> = Some(3);
+        fn key(&self, key: KeyBuilder) -> KeyBuilder {
+            key.fact("n", self.n)
+        }
+    }
+
+    struct FailingSink;
+
+    impl AlertSink for FailingSink {
+        fn send<'a>(&'a self, _alert: &'a Alert) -> BoxFuture<'a, crate::Result<()>> {
+            Box::pin(async { Err(Error::temporary("webhook down")) })
+        }
+    }
+
+    fn fast() -> WorkerConfig {
+        WorkerConfig { backoff: Backoff::NONE, poll: Duration::from_millis(50), ..WorkerConfig::default() }
+    }
+
+    async fn records(backend: &MemoryBackend, n: usize) -> Vec<crate::FailureRecord> {
+        for _ in 0..200 {
+            let list = backend.list(&FailureQuery::open()).await.unwrap();
+            if list.len() >= n {
+                return list;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("expected {n} failure records");
+    }
+
+    #[tokio::test]
+    async fn a_kind_without_a_handler_is_dead_lettered_at_once() {
+        let backend = MemoryBackend::new();
+        let key = IdempotencyKey::builder("unknown").fact("n", 1).build().unwrap();
+        backend.enqueue(NewJob::new("unknown", key, json!({})).unwrap()).await.unwrap();
+        let worker = Worker::builder(backend.clone(), backend.clone()).config(fast()).build().start();
+        let record = records(&backend, 1).await.remove(0);
+        worker.shutdown().await;
+        assert_eq!(record.attempts, 1);
+        assert!(record.last_error.contains("no handler"), "{}", record.last_error);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_is_retried_to_the_cap() {
+        let backend = MemoryBackend::new();
+        backend.enqueue_job(&Ping { n: 1 }).await.unwrap();
+        let runs = Arc::new(Mutex::new(0));
+        let counter = Arc::clone(&runs);
+        let worker = Worker::builder(backend.clone(), backend.clone())
+            .config(fast())
+            .handle::<Ping>(move |_job: Ping, _ctx: JobContext| {
+                *counter.lock().unwrap() += 1;
+                async move {
+                    if true {
+                        panic!("bug in the handler");
+                    }
+                    Ok::<_, JobError>(())
+                }
+            })
+            .build()
+            .start();
+        let record = records(&backend, 1).await.remove(0);
+        worker.shutdown().await;
+        assert_eq!((record.attempts, *runs.lock().unwrap()), (3, 3));
+        assert!(record.last_error.contains("panicked"));
+    }
+
+    #[tokio::test]
+    async fn a_failing_alert_sink_keeps_the_record_and_permanent_errors_do_not_retry() {
+        let backend = MemoryBackend::new();
+        backend.enqueue_job(&Ping { n: 2 }).await.unwrap();
+        let worker = Worker::builder(backend.clone(), backend.clone())
+            .config(fast())
+            .handle::<Ping>(|_job: Ping, _ctx: JobContext| async { Err::<(), _>(JobError::permanent("card declined")) })
+            .alert(FailingSink)
+            .build()
+            .start();
+        let record = records(&backend, 1).await.remove(0);
+        let stats = worker.shutdown().await;
+        assert_eq!((record.attempts, stats.retried, stats.dead_lettered), (1, 0, 1));
+        assert_eq!(backend.count_open().await.unwrap(), 1, "the record outlives the failed alert");
+    }
+
+    #[tokio::test]
+    async fn a_requested_retry_delay_is_honoured() {
+        let backend = MemoryBackend::new();
+        backend.enqueue_job(&Ping { n: 3 }).await.unwrap();
+        let starts = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&starts);
+        let worker = Worker::builder(backend.clone(), backend.clone())
+            .config(fast())
+            .handle::<Ping>(move |_job: Ping, ctx: JobContext| {
+                seen.lock().unwrap().push(Instant::now());
+                async move {
+                    if ctx.attempt == 1 {
+                        return Err(JobError::retry_after(Duration::from_millis(300), "429 Too Many Requests"));
+                    }
+                    Ok(())
+                }
+            })
+            .build()
+            .start();
+        for _ in 0..200 {
+            if starts.lock().unwrap().len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        worker.shutdown().await;
+        let starts = starts.lock().unwrap();
+        assert_eq!(starts.len(), 2);
+        assert!(starts[1] - starts[0] >= Duration::from_millis(300));
+    }
+}
