@@ -37,13 +37,21 @@ struct Inner {
     channel: String,
     config: PgConfig,
     completer: Completer,
-    /// Keys of the jobs this process claimed: for them the job row is the ledger entry.
-    held: Mutex<HashMap<IdempotencyKey, HeldJob>>,
+    /// The jobs this process claimed and has not settled: for them the job row is the ledger
+    /// entry of their key.
+    held: Mutex<Held>,
     /// Leases already completed by a ledger `finish`, so the `complete` after it costs nothing.
     finished: Mutex<HashSet<Uuid>>,
     wake: OnceCell<Arc<Notify>>,
     notify_pending: Arc<AtomicBool>,
     last_sweep: tokio::sync::Mutex<tokio::time::Instant>,
+}
+
+/// Claimed jobs by key, and their keys by lease token.
+#[derive(Default)]
+struct Held {
+    by_key: HashMap<IdempotencyKey, HeldJob>,
+    keys: HashMap<Uuid, IdempotencyKey>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -254,15 +262,21 @@ impl PgBackend {
             .map(|row| {
                 let claimed = claimed_from(row)?;
                 let job = HeldJob { id: row.get("id"), token: row.get("lease_token"), claims: row.get("claims") };
-                held.insert(claimed.job.key.clone(), job);
+                if let Some(old) = held.by_key.insert(claimed.job.key.clone(), job) {
+                    held.keys.remove(&old.token);
+                }
+                held.keys.insert(job.token, claimed.job.key.clone());
                 Ok(claimed)
             })
             .collect()
     }
 
     fn forget(&self, lease: &Lease) {
+        let Ok(token) = Uuid::parse_str(&lease.token) else { return };
         let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.retain(|_, job| job.token.to_string() != lease.token);
+        if let Some(key) = held.keys.remove(&token) {
+            held.by_key.remove(&key);
+        }
     }
 
     async fn fenced(
@@ -637,7 +651,7 @@ impl Replay for PgBackend {
 
 impl Ledger for PgBackend {
     async fn begin(&self, key: &IdempotencyKey, fingerprint: &str, hold: Duration) -> Result<Begin> {
-        let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner()).get(key).copied();
+        let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner()).by_key.get(key).copied();
         if let Some(job) = held {
             // A job claimed here: its row is the ledger entry, its lease the hold, and the unique
             // key means no other row can carry the effect. No round trip needed.

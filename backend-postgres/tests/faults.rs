@@ -184,7 +184,7 @@ async fn terminated_connections_during_claims_and_completions_lose_and_double_no
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await; // past a lease: any lost settlement would rerun now
     worker.shutdown().await;
-    let effects = effects.lock().unwrap();
+    let effects = effects.lock().unwrap().clone();
     let doubled: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
     assert_eq!(effects.len() as u32, JOBS, "every job's effect happened");
     assert!(doubled.is_empty(), "effects repeated after {terminated} terminations: {doubled:?}");

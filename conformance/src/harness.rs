@@ -283,7 +283,7 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
             Err(Violation {
                 scenario: self.name,
                 message: "keys ended lost, duplicated or unexpected".into(),
-                report: Some(report),
+                report: Some(Box::new(report)),
             })
         }
     }

@@ -168,7 +168,7 @@ pub struct Violation {
     /// What did not hold.
     pub message: String,
     /// The key sort, when the scenario got that far.
-    pub report: Option<Report>,
+    pub report: Option<Box<Report>>,
 }
 
 impl fmt::Display for Violation {

@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::harness::{Fault, Probe, Run, ensure};
 use crate::{Outcome, Queue, Subject};
 
-/// 1. The same job enqueued twice with one key gives one effect.
+/// Behaviour 1: The same job enqueued twice with one key gives one effect.
 pub async fn replay<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("replay", subject);
     let job = Probe::new(1);
@@ -35,7 +35,7 @@ pub async fn replay<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L
     run.report(&[1], &[]).await
 }
 
-/// 2. Two workers given the same job at once: one effect and one recorded skip (a duplicate at
+/// Behaviour 2: Two workers given the same job at once: one effect and one recorded skip (a duplicate at
 /// enqueue, or a ledger skip at the second worker). The ledger itself gives exactly one of two
 /// racing attempts the key.
 pub async fn race<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
@@ -120,7 +120,7 @@ async fn exhaust_one<Q: Queue, L: Ledger + Clone + 'static>(
     Ok(job)
 }
 
-/// 3. A handler that always fails: exactly `cap` attempts, one failure record with payload,
+/// Behaviour 3: A handler that always fails: exactly `cap` attempts, one failure record with payload,
 /// error and attempt count, exactly one alert.
 pub async fn exhaust<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("exhaust", subject);
@@ -128,7 +128,7 @@ pub async fn exhaust<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, 
     run.report(&[], &[3]).await
 }
 
-/// 4. Remove the fault, replay the record with its original key: the effect happens once, the
+/// Behaviour 4: Remove the fault, replay the record with its original key: the effect happens once, the
 /// record is closed as replayed; replaying it again does nothing more. Replay by filter too.
 pub async fn recover<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("recover", subject);
@@ -178,7 +178,7 @@ pub async fn recover<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, 
     run.report(&[4, 5], &[]).await
 }
 
-/// 5. The same key with another payload is a typed error and changes nothing. A backend without
+/// Behaviour 5: The same key with another payload is a typed error and changes nothing. A backend without
 /// enqueue-time dedupe delivers both; the ledger then refuses the second payload, which ends as
 /// a failure record, and the effect happens once.
 pub async fn key_conflict<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
@@ -224,7 +224,7 @@ pub async fn key_conflict<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
     Ok(crate::Report { done_once: vec![Probe::key(6)], ..Default::default() })
 }
 
-/// 6. A payload that does not decode goes straight to a failure record: one attempt, no
+/// Behaviour 6: A payload that does not decode goes straight to a failure record: one attempt, no
 /// handler run, one alert.
 pub async fn undecodable<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("undecodable", subject);
@@ -250,7 +250,7 @@ pub async fn undecodable<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject
     run.report(&[], &[7]).await
 }
 
-/// 7. A payload over the backend's limit is a typed error at enqueue; nothing is sent, alone or
+/// Behaviour 7: A payload over the backend's limit is a typed error at enqueue; nothing is sent, alone or
 /// in a batch.
 pub async fn oversized<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("oversized", subject);
@@ -283,7 +283,7 @@ pub async fn oversized<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q
     Ok(crate::Report::default())
 }
 
-/// 8. A worker that dies holding a lease (and the key): the job runs again after the lease
+/// Behaviour 8: A worker that dies holding a lease (and the key): the job runs again after the lease
 /// expires, once, told that an earlier attempt was left pending.
 pub async fn dead_worker<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("dead_worker", subject);
@@ -307,7 +307,7 @@ pub async fn dead_worker<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject
     run.report(&[11], &[]).await
 }
 
-/// 9. A stale lease (expired and re-claimed) cannot complete, retry, extend or dead-letter the
+/// Behaviour 9: A stale lease (expired and re-claimed) cannot complete, retry, extend or dead-letter the
 /// job; the current lease can.
 pub async fn stale_lease<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("stale_lease", subject);
@@ -344,7 +344,7 @@ pub async fn stale_lease<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject
     Ok(crate::Report::default())
 }
 
-/// 10. Many workers, many jobs, every key enqueued twice, some failing for good and some failing
+/// Behaviour 10: Many workers, many jobs, every key enqueued twice, some failing for good and some failing
 /// once: every key ends done once or as one failure record.
 pub async fn many_workers<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("many_workers", subject);
@@ -377,7 +377,7 @@ pub async fn many_workers<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
     run.report(&succeed, &fail).await
 }
 
-/// 11. Discard with reason and actor; purge by age; the open count stays right throughout.
+/// Behaviour 11: Discard with reason and actor; purge by age; the open count stays right throughout.
 pub async fn discard_and_purge<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("discard_and_purge", subject);
     let q = &run.s.queue;
@@ -441,7 +441,7 @@ pub async fn discard_and_purge<Q: Queue, L: Ledger + Clone + 'static>(subject: S
     Ok(crate::Report::default())
 }
 
-/// 12. Graceful shutdown loses and duplicates nothing: within the grace, running handlers
+/// Behaviour 12: Graceful shutdown loses and duplicates nothing: within the grace, running handlers
 /// finish; past it, their jobs are released at once (well before the lease would expire) and
 /// the next worker runs them.
 pub async fn graceful_shutdown<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {

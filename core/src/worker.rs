@@ -11,7 +11,7 @@ use chrono::Utc;
 use futures_util::FutureExt;
 use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -36,8 +36,9 @@ pub struct WorkerConfig {
     pub batch: usize,
     /// How long a claim holds a job before another worker may take it (default 30 s).
     pub lease: Duration,
-    /// How often a running handler's lease and ledger hold are extended; `None` turns the
-    /// heartbeat off (default: a third of the lease).
+    /// How often a running handler's lease is extended; `None` turns the heartbeat off
+    /// (default: a third of the lease). The ledger hold is extended at this pace (or a third of
+    /// the lease) either way, for as long as the handler runs.
     pub heartbeat: Option<Duration>,
     /// How long one claim call waits for work (default 1 s; also bounds shutdown latency).
     pub poll: Duration,
@@ -370,16 +371,24 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
     tracker: TaskTracker,
 ) {
     let slots = Arc::new(Semaphore::new(shared.config.concurrency));
+    // Jobs between dispatch and settlement. A handler's slot is freed as soon as it returns, so
+    // settlements (batched by the backend) overlap the next handlers; this bounds how many wait.
+    let outstanding = Arc::new(Semaphore::new((2 * shared.config.batch).max(shared.config.concurrency)));
     while let Some((claimed_at, job)) = waiting.recv().await {
-        let permit = tokio::select! {
-            permit = Arc::clone(&slots).acquire_owned() => Some(permit.expect("the semaphore is never closed")),
+        let permits = tokio::select! {
+            permits = async {
+                let out = Arc::clone(&outstanding).acquire_owned().await;
+                let slot = Arc::clone(&slots).acquire_owned().await;
+                out.and_then(|out| slot.map(|slot| (out, slot)))
+            } => Some(permits.expect("the semaphores are never closed")),
             () = stop.cancelled() => None,
         };
         let span =
             info_span!("job", id = %job.job.id, kind = %job.job.kind, attempt = job.job.attempt, key = %job.job.key);
         // A job that waited in the buffer for half its lease, or that shutdown caught before it
         // started, goes back at once rather than running on a lease about to lapse.
-        let Some(permit) = permit.filter(|_| claimed_at.elapsed() < shared.config.lease / 2 && !stop.is_cancelled())
+        let Some((out, slot)) =
+            permits.filter(|_| claimed_at.elapsed() < shared.config.lease / 2 && !stop.is_cancelled())
         else {
             let shared = Arc::clone(&shared);
             tracker.spawn(async move { shared.give_back(&job).await }.instrument(span));
@@ -389,8 +398,8 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
         let abandon = abandon.clone();
         tracker.spawn(
             async move {
-                shared.process(job, abandon).await;
-                drop(permit);
+                shared.process(job, slot, abandon).await;
+                drop(out);
             }
             .instrument(span),
         );
@@ -404,7 +413,7 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
         self.settle(self.queue.release(&claimed.lease).await);
     }
 
-    async fn process(&self, claimed: Claimed, abandon: CancellationToken) {
+    async fn process(&self, claimed: Claimed, slot: OwnedSemaphorePermit, abandon: CancellationToken) {
         let job = &claimed.job;
         let Some(handler) = self.handlers.get(&job.kind) else {
             return self.dead_letter(&claimed, &format!("no handler is registered for kind `{}`", job.kind)).await;
@@ -461,7 +470,9 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
                 return self.dead_letter(&claimed, &format!("payload does not decode: {e}")).await;
             }
         };
-        let Some(result) = self.run_with_heartbeat(&claimed, &hold, run, &abandon).await else {
+        let result = self.run_with_heartbeat(&claimed, &hold, run, &abandon).await;
+        drop(slot); // the handler is done: the next one may start while this one settles
+        let Some(result) = result else {
             let _ = self.ledger.release_hold(&hold).await;
             info!("released at shutdown");
             self.counters.add(Count::Released, 1);
@@ -496,20 +507,23 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
         abandon: &CancellationToken,
     ) -> Option<HandlerResult> {
         let mut run = AssertUnwindSafe(run).catch_unwind();
-        let every = self.config.heartbeat.unwrap_or(Duration::MAX);
-        let mut beat = tokio::time::interval_at(
-            tokio::time::Instant::now() + every.min(Duration::from_secs(86_400)),
-            every.max(Duration::from_millis(1)),
-        );
+        // The ledger hold is kept alive for as long as the handler runs, heartbeat or not: it
+        // says "an attempt is alive", so a redelivery meanwhile waits instead of repeating the
+        // effect. The lease is extended only with the heartbeat on.
+        let every = self.config.heartbeat.unwrap_or(self.config.lease / 3).max(Duration::from_millis(10));
+        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
             tokio::select! {
                 result = &mut run => {
                     return Some(result.unwrap_or_else(|_| Err(JobError::retry("the handler panicked"))));
                 }
-                _ = beat.tick(), if self.config.heartbeat.is_some() => {
-                    let lease = self.queue.extend(&claimed.lease, self.config.lease).await;
-                    let key = self.ledger.extend_hold(hold, self.config.lease).await;
-                    if let Err(e) = lease.and(key) {
+                _ = beat.tick() => {
+                    if let Err(e) = self.ledger.extend_hold(hold, self.config.lease).await {
+                        warn!(error = %e, "could not extend the key's hold; a redelivery may repeat the effect");
+                    }
+                    if self.config.heartbeat.is_some()
+                        && let Err(e) = self.queue.extend(&claimed.lease, self.config.lease).await
+                    {
                         warn!(error = %e, "heartbeat failed; another worker may take this job");
                     }
                 }

@@ -1,0 +1,535 @@
+//! Throughput of the Postgres backend, stated as ratios to raw SQL measured in the same round.
+//!
+//! ```text
+//! cargo bench -p redrive-postgres --bench throughput
+//! ```
+//!
+//! Uses `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) for redrive's own
+//! schemas, and a database `redrive_bench` on the same server for the pgbench baselines. Needs
+//! `psql` and `pgbench` on the PATH and the scripts of `shared/bench` (found beside the workspace,
+//! or in `REDRIVE_BENCH_SQL_DIR`).
+//!
+//! One round: lifecycle.sql, batch100.sql, worker burn-downs, backlog sizes, enqueue→start
+//! latency, enqueue throughput, lifecycle.sql again. These machines are noisy, so every figure
+//! is divided by the mean of the round's two lifecycle.sql runs; both are printed so that drift
+//! within the round shows.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redrive_core::{Enqueue, Job, JobContext, JobError, KeyBuilder, NewJob, Worker, WorkerConfig, WorkerStats};
+use redrive_postgres::{PgBackend, PgConfig};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, Row};
+use tokio::process::Command;
+use tokio::sync::Notify;
+
+type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Jobs per worker burn-down, and the larger backlog.
+const BURN_JOBS: u64 = 20_000;
+const SMALL_BACKLOG: u64 = 2_000;
+const LARGE_BACKLOG: u64 = 200_000;
+/// Jobs per `enqueue_batch` call when pre-inserting a backlog.
+const INSERT_CHUNK: u64 = 1_000;
+const CONCURRENCY: usize = 8;
+/// Seconds per pgbench run (the README's 15 s, shortened to keep a round under ~4 minutes).
+const PGBENCH_SECS: u32 = 10;
+const ENQUEUE_TASKS: usize = 8;
+const ENQUEUE_FOR: Duration = Duration::from_secs(5);
+/// Give up on a burn-down after this long and report the partial rate, so that a slow backend
+/// cannot stretch a round past its budget.
+const BURN_TIMEOUT: Duration = Duration::from_secs(45);
+const LARGE_BURN_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The no-op job every scenario runs.
+#[derive(Serialize, Deserialize)]
+struct Noop {
+    n: u64,
+}
+
+impl Job for Noop {
+    const KIND: &'static str = "bench_noop";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("n", self.n)
+    }
+}
+
+fn noop(n: u64) -> BoxResult<NewJob> {
+    Ok(NewJob::from_job(&Noop { n })?)
+}
+
+#[tokio::main]
+async fn main() -> BoxResult<()> {
+    // Warnings from the worker or backend (lease lost, failed settlements) would explain odd
+    // figures, so they are shown; RUST_LOG overrides.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let sql_dir = bench_sql_dir()?;
+    let bench_url = with_database(&url, "redrive_bench");
+    create_database(&url, "redrive_bench").await?;
+    let ctx = Ctx::new(&url).await?;
+    let round = Instant::now();
+
+    println!("# redrive-postgres throughput");
+    println!();
+    println!("pgbench scripts: {}", sql_dir.display());
+    println!("worker: no-op `Noop` jobs, concurrency {CONCURRENCY}, effect ledger and lease fencing on");
+    println!();
+
+    println!("## Raw-SQL baselines (pgbench -n -M prepared -c 8 -j 2 -T {PGBENCH_SECS})");
+    let lifecycle_start = pgbench(&bench_url, &sql_dir, "lifecycle.sql", 1).await?;
+    println!("- lifecycle.sql, start of round: {}", rate(lifecycle_start));
+    let batch100 = pgbench(&bench_url, &sql_dir, "batch100.sql", 100).await?;
+    println!("- batch100.sql: {}", rate(batch100));
+
+    let mut rows: Vec<(String, Figure)> = vec![("pgbench batch100.sql".into(), Figure::Rate(batch100))];
+
+    println!();
+    println!("## Worker burn-down: {BURN_JOBS} pre-inserted jobs, concurrency {CONCURRENCY}");
+    let default_label = format!("default (batch = {})", WorkerConfig::default().batch);
+    let configs =
+        [(default_label.as_str(), None), ("batch = 1", Some(1)), ("batch = 10", Some(10)), ("batch = 100", Some(100))];
+    for (label, batch) in configs {
+        let mut config = WorkerConfig { concurrency: CONCURRENCY, ..WorkerConfig::default() };
+        if let Some(batch) = batch {
+            config.batch = batch;
+        }
+        let burn = burn_down(&ctx, config, BURN_JOBS, BURN_TIMEOUT).await?;
+        println!("- {label}: {}", burn.describe());
+        rows.push((format!("burn-down 20k, {label}"), Figure::Rate(burn.rate())));
+    }
+
+    println!();
+    println!("## Backlog size (default configuration)");
+    let small = burn_down(&ctx, default_config(), SMALL_BACKLOG, BURN_TIMEOUT).await?;
+    println!("- {SMALL_BACKLOG} jobs: {}", small.describe());
+    let large = burn_down(&ctx, default_config(), LARGE_BACKLOG, LARGE_BURN_TIMEOUT).await?;
+    println!("- {LARGE_BACKLOG} jobs: {}", large.describe());
+    let backlog_ratio = large.rate() / small.rate();
+    println!("- 200k / 2k: {backlog_ratio:.2}×");
+    rows.push(("burn-down 2k backlog".into(), Figure::Rate(small.rate())));
+    rows.push(("burn-down 200k backlog".into(), Figure::Rate(large.rate())));
+    rows.push(("backlog 200k ÷ 2k".into(), Figure::Plain(format!("{backlog_ratio:.2}×"))));
+
+    println!();
+    println!("## Latency, enqueue call → handler start (idle worker, enqueues from one task)");
+    let notify = latency(&ctx, PgConfig::new(&url), 300, Duration::from_millis(3)).await?;
+    println!("- LISTEN/NOTIFY, 300 jobs ~3 ms apart: {}", notify.describe());
+    // At 3 ms apart, 100 jobs would all land within one 1 s poll cycle and sample a single phase
+    // of it; 37 ms apart (prime to 1000) they spread over ~4 cycles and sample its phases evenly.
+    let polling = latency(&ctx, PgConfig::new(&url).with_listen(false), 100, Duration::from_millis(37)).await?;
+    println!("- polling only (1 s), 100 jobs ~37 ms apart: {}", polling.describe());
+    for (label, l) in [("NOTIFY", &notify), ("polling only", &polling)] {
+        rows.push((format!("latency p50, {label}"), Figure::Ms(l.p50)));
+        rows.push((format!("latency p99, {label}"), Figure::Ms(l.p99)));
+    }
+
+    println!();
+    println!("## Enqueue throughput ({ENQUEUE_TASKS} tasks, {} s each)", ENQUEUE_FOR.as_secs());
+    let single = enqueue_rate(&ctx, 1).await?;
+    println!("- single `enqueue`: {}", rate(single));
+    let batched = enqueue_rate(&ctx, 100).await?;
+    println!("- `enqueue_batch` of 100: {}", rate(batched));
+    rows.push(("enqueue, single".into(), Figure::Rate(single)));
+    rows.push(("enqueue_batch of 100".into(), Figure::Rate(batched)));
+
+    println!();
+    println!("## Raw-SQL baseline again, end of round");
+    let lifecycle_end = pgbench(&bench_url, &sql_dir, "lifecycle.sql", 1).await?;
+    println!("- lifecycle.sql, end of round: {}", rate(lifecycle_end));
+    let lifecycle = (lifecycle_start + lifecycle_end) / 2.0;
+    let drift = (lifecycle_end - lifecycle_start) / lifecycle_start * 100.0;
+    println!("- lifecycle.sql mean (the denominator): {} (end vs start: {drift:+.1}%)", rate(lifecycle));
+
+    println!();
+    println!("## Summary (round took {:.0} s)", round.elapsed().as_secs_f64());
+    println!();
+    println!("| figure | value | ratio to lifecycle.sql |");
+    println!("|---|---:|---:|");
+    let mut all = vec![
+        ("pgbench lifecycle.sql, start".to_owned(), Figure::Rate(lifecycle_start)),
+        ("pgbench lifecycle.sql, end".to_owned(), Figure::Rate(lifecycle_end)),
+        ("pgbench lifecycle.sql, mean".to_owned(), Figure::Rate(lifecycle)),
+    ];
+    all.extend(rows);
+    for (name, figure) in all {
+        let (value, ratio) = match figure {
+            Figure::Rate(r) => (rate(r), format!("{:.3}×", r / lifecycle)),
+            Figure::Ms(ms) => (format!("{ms:.1} ms"), "–".into()),
+            Figure::Plain(s) => (s, "–".into()),
+        };
+        println!("| {name} | {value} | {ratio} |");
+    }
+    Ok(())
+}
+
+enum Figure {
+    /// Jobs per second, shown with its ratio to lifecycle.sql.
+    Rate(f64),
+    Ms(f64),
+    Plain(String),
+}
+
+fn rate(jobs_per_sec: f64) -> String {
+    format!("{jobs_per_sec:.0} jobs/s")
+}
+
+fn default_config() -> WorkerConfig {
+    WorkerConfig { concurrency: CONCURRENCY, ..WorkerConfig::default() }
+}
+
+// ---------------------------------------------------------------------------------------------
+// pgbench baselines
+
+/// `$CARGO_MANIFEST_DIR/../../shared/bench`, else `REDRIVE_BENCH_SQL_DIR`.
+fn bench_sql_dir() -> BoxResult<PathBuf> {
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/bench");
+    if beside.join("lifecycle.sql").is_file() {
+        return Ok(beside.canonicalize()?);
+    }
+    match std::env::var_os("REDRIVE_BENCH_SQL_DIR") {
+        Some(dir) if Path::new(&dir).join("lifecycle.sql").is_file() => Ok(dir.into()),
+        _ => {
+            Err(format!("no pgbench scripts in {} and REDRIVE_BENCH_SQL_DIR is unset or wrong", beside.display())
+                .into())
+        }
+    }
+}
+
+/// The same URL naming database `db` instead (user, host, port and parameters kept).
+fn with_database(url: &str, db: &str) -> String {
+    let (base, params) = match url.split_once('?') {
+        Some((base, params)) => (base, Some(params)),
+        None => (url, None),
+    };
+    let authority = base.find("://").map_or(0, |i| i + 3);
+    let path = base[authority..].find('/').map_or(base.len(), |i| authority + i);
+    let mut out = format!("{}/{db}", &base[..path]);
+    if let Some(params) = params {
+        out.push('?');
+        out.push_str(params);
+    }
+    out
+}
+
+/// Creates database `db` unless it exists, from the server's `postgres` database.
+async fn create_database(url: &str, db: &str) -> BoxResult<()> {
+    let mut conn = PgConnection::connect(&with_database(url, "postgres")).await?;
+    let exists = sqlx::query("SELECT 1 FROM pg_database WHERE datname = $1").bind(db).fetch_optional(&mut conn).await?;
+    if exists.is_none() {
+        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{db}\""))).execute(&mut conn).await?;
+    }
+    conn.close().await?;
+    Ok(())
+}
+
+/// Loads schema.sql afresh (so every run starts from the same 20k queued rows), runs `script`
+/// with pgbench, and returns jobs/s (`jobs_per_tx` × tps).
+async fn pgbench(url: &str, dir: &Path, script: &str, jobs_per_tx: u32) -> BoxResult<f64> {
+    let load = Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
+        .arg(dir.join("schema.sql"))
+        .arg(url)
+        .output()
+        .await?;
+    if !load.status.success() {
+        return Err(format!("psql schema.sql failed: {}", String::from_utf8_lossy(&load.stderr)).into());
+    }
+    let secs = PGBENCH_SECS.to_string();
+    let out = Command::new("pgbench")
+        .args(["-n", "-M", "prepared", "-c", "8", "-j", "2", "-T", &secs, "-f"])
+        .arg(dir.join(script))
+        .arg(url)
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!("pgbench {script} failed: {stdout}{}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let tps = stdout
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .ok_or_else(|| format!("no `tps = ` line in pgbench's output:\n{stdout}"))?;
+    // A baseline whose transactions failed would flatter redrive: say so.
+    if let Some(failed) = stdout.lines().find(|l| l.starts_with("number of failed transactions") && !l.contains(": 0 "))
+    {
+        eprintln!("warning: pgbench {script}: {failed}");
+    }
+    Ok(tps * f64::from(jobs_per_tx))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fresh schemas for redrive
+
+/// Makes a schema per scenario (`rdbench_<pid>_<n>`), so no scenario sees another's rows.
+struct Ctx {
+    url: String,
+    /// For DDL and checks, apart from the backends' own pools.
+    admin: PgPool,
+    next: AtomicU32,
+}
+
+impl Ctx {
+    async fn new(url: &str) -> BoxResult<Self> {
+        let admin = PgPoolOptions::new().max_connections(2).connect(url).await?;
+        drop_stale_schemas(&admin).await?;
+        Ok(Self { url: url.to_owned(), admin, next: AtomicU32::new(0) })
+    }
+
+    /// A migrated backend on a new schema; `config` is the default `PgConfig` to adjust.
+    async fn backend(&self, config: PgConfig) -> BoxResult<PgBackend> {
+        let schema = format!("rdbench_{}_{}", std::process::id(), self.next.fetch_add(1, Ordering::Relaxed));
+        let backend = PgBackend::connect(config.with_schema(schema)).await?;
+        backend.migrate().await?;
+        Ok(backend)
+    }
+
+    async fn default_backend(&self) -> BoxResult<PgBackend> {
+        self.backend(PgConfig::new(&self.url)).await
+    }
+
+    /// Drops the backend's schema and lets go of its pool.
+    async fn discard(&self, backend: PgBackend) -> BoxResult<()> {
+        let schema = backend.schema().to_owned();
+        // Not awaited: the LISTEN connection is only returned when its task next wakes (≤ 30 s).
+        let pool = backend.pool().clone();
+        drop(backend);
+        tokio::spawn(async move { pool.close().await });
+        sqlx::query(AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))).execute(&self.admin).await?;
+        Ok(())
+    }
+}
+
+/// Drops the schemas that earlier, interrupted runs left behind (their pid is gone).
+async fn drop_stale_schemas(admin: &PgPool) -> BoxResult<()> {
+    let rows =
+        sqlx::query("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'rdbench\\_%'").fetch_all(admin).await?;
+    for row in rows {
+        let name: String = row.get(0);
+        let pid: Option<u32> = name.split('_').nth(1).and_then(|p| p.parse().ok());
+        if !pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists()) {
+            sqlx::query(AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))).execute(admin).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `jobs` no-op jobs, numbered from 0, in `enqueue_batch` calls of `INSERT_CHUNK`.
+async fn insert_backlog(backend: &PgBackend, jobs: u64) -> BoxResult<()> {
+    for first in (0..jobs).step_by(INSERT_CHUNK as usize) {
+        let chunk = (first..jobs.min(first + INSERT_CHUNK)).map(noop).collect::<BoxResult<Vec<_>>>()?;
+        backend.enqueue_batch(chunk).await?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker burn-down
+
+struct Burn {
+    jobs: u64,
+    handled: u64,
+    elapsed: Duration,
+    insert: Duration,
+    stats: WorkerStats,
+    /// Rows not `done` once the worker has shut down (0 unless the burn-down timed out).
+    left: i64,
+}
+
+impl Burn {
+    fn rate(&self) -> f64 {
+        self.handled as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn describe(&self) -> String {
+        let mut s = format!(
+            "{} in {:.2} s (pre-insert {:.1} s)",
+            rate(self.rate()),
+            self.elapsed.as_secs_f64(),
+            self.insert.as_secs_f64()
+        );
+        if self.handled < self.jobs {
+            s.push_str(&format!(" — TIMED OUT: {} of {} handled", self.handled, self.jobs));
+        }
+        let st = &self.stats;
+        if st.retried + st.deferred + st.lease_lost + st.dead_lettered + st.skipped + st.handed_back > 0 {
+            s.push_str(&format!(
+                " — unexpected: retried {}, deferred {}, lease lost {}, dead-lettered {}, skipped {}, handed back {}",
+                st.retried, st.deferred, st.lease_lost, st.dead_lettered, st.skipped, st.handed_back
+            ));
+        }
+        if self.left > 0 && self.handled == self.jobs {
+            s.push_str(&format!(" — {} rows not done after shutdown", self.left));
+        }
+        s
+    }
+}
+
+/// Pre-inserts `jobs` into a fresh schema, then times a worker from its start until its handler
+/// has run `jobs` times (or `timeout` passes).
+async fn burn_down(ctx: &Ctx, config: WorkerConfig, jobs: u64, timeout: Duration) -> BoxResult<Burn> {
+    let backend = ctx.default_backend().await?;
+    let t = Instant::now();
+    insert_backlog(&backend, jobs).await?;
+    let insert = t.elapsed();
+
+    let handled = Arc::new(AtomicU64::new(0));
+    let all_handled = Arc::new(Notify::new());
+    let handler = {
+        let (handled, all_handled) = (Arc::clone(&handled), Arc::clone(&all_handled));
+        move |_job: Noop, _ctx: JobContext| {
+            // notify_one keeps a permit, so the waiter cannot miss it.
+            if handled.fetch_add(1, Ordering::Relaxed) + 1 == jobs {
+                all_handled.notify_one();
+            }
+            async { Ok::<(), JobError>(()) }
+        }
+    };
+    let start = Instant::now();
+    let worker =
+        Worker::builder(backend.clone(), backend.clone()).config(config).handle::<Noop>(handler).build().start();
+    let _ = tokio::time::timeout(timeout, all_handled.notified()).await;
+    let elapsed = start.elapsed();
+    let handled = handled.load(Ordering::Relaxed);
+    let stats = worker.shutdown().await;
+
+    let left: i64 = sqlx::query(AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{}\".jobs WHERE status <> 'done'",
+        backend.schema()
+    )))
+    .fetch_one(&ctx.admin)
+    .await?
+    .get(0);
+    ctx.discard(backend).await?;
+    Ok(Burn { jobs, handled, elapsed, insert, stats, left })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Latency
+
+struct Latency {
+    p50: f64,
+    p99: f64,
+    max: f64,
+    seen: usize,
+    sent: usize,
+}
+
+impl Latency {
+    fn describe(&self) -> String {
+        let mut s = format!("p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", self.p50, self.p99, self.max);
+        if self.seen < self.sent {
+            s.push_str(&format!(" — only {} of {} jobs started", self.seen, self.sent));
+        }
+        s
+    }
+}
+
+/// An idle worker on an empty schema; `jobs` single enqueues `spacing` apart from one task.
+/// Measures from just before each `enqueue` call to the start of its handler.
+async fn latency(ctx: &Ctx, config: PgConfig, jobs: u64, spacing: Duration) -> BoxResult<Latency> {
+    let backend = ctx.backend(config).await?;
+    let started = Arc::new(Mutex::new(HashMap::<u64, Instant>::new()));
+    let all_started = Arc::new(Notify::new());
+    let handler = {
+        let (started, all_started) = (Arc::clone(&started), Arc::clone(&all_started));
+        move |job: Noop, _ctx: JobContext| {
+            let now = Instant::now();
+            let mut started = started.lock().unwrap_or_else(|p| p.into_inner());
+            started.insert(job.n, now);
+            if started.len() as u64 == jobs {
+                all_started.notify_one();
+            }
+            async { Ok::<(), JobError>(()) }
+        }
+    };
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(default_config())
+        .handle::<Noop>(handler)
+        .build()
+        .start();
+    // Long enough for the first claim to find nothing and (with NOTIFY) for LISTEN to be set up.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let mut sent = Vec::with_capacity(jobs as usize);
+    let mut tick = tokio::time::interval(spacing);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for n in 0..jobs {
+        let job = noop(n)?;
+        tick.tick().await;
+        sent.push(Instant::now());
+        backend.enqueue(job).await?;
+    }
+    // Polling can take up to its interval for the last job.
+    let _ = tokio::time::timeout(Duration::from_secs(10), all_started.notified()).await;
+    worker.shutdown().await;
+
+    let started = std::mem::take(&mut *started.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut ms: Vec<f64> =
+        started.iter().map(|(n, at)| at.saturating_duration_since(sent[*n as usize]).as_secs_f64() * 1000.0).collect();
+    ms.sort_by(f64::total_cmp);
+    ctx.discard(backend).await?;
+    Ok(Latency {
+        p50: percentile(&ms, 50.0),
+        p99: percentile(&ms, 99.0),
+        max: ms.last().copied().unwrap_or(f64::NAN),
+        seen: ms.len(),
+        sent: sent.len(),
+    })
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Enqueue throughput
+
+/// Jobs/s enqueued by `ENQUEUE_TASKS` tasks for `ENQUEUE_FOR`, one job per call (`batch` = 1)
+/// or `enqueue_batch` of `batch`. No worker runs.
+async fn enqueue_rate(ctx: &Ctx, batch: u64) -> BoxResult<f64> {
+    let backend = ctx.default_backend().await?;
+    let next = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + ENQUEUE_FOR;
+    let mut tasks = Vec::new();
+    for _ in 0..ENQUEUE_TASKS {
+        let (backend, next) = (backend.clone(), Arc::clone(&next));
+        tasks.push(tokio::spawn(async move {
+            let mut created = 0u64;
+            while Instant::now() < deadline {
+                let first = next.fetch_add(batch, Ordering::Relaxed);
+                if batch == 1 {
+                    created += u64::from(backend.enqueue(noop(first)?).await?.is_created());
+                } else {
+                    let jobs = (first..first + batch).map(noop).collect::<BoxResult<Vec<_>>>()?;
+                    created += backend.enqueue_batch(jobs).await?.iter().filter(|e| e.is_created()).count() as u64;
+                }
+            }
+            BoxResult::Ok(created)
+        }));
+    }
+    let mut created = 0;
+    for task in tasks {
+        created += task.await??;
+    }
+    // Until the last call returned, which may be a little past the deadline.
+    let elapsed = start.elapsed();
+    ctx.discard(backend).await?;
+    Ok(created as f64 / elapsed.as_secs_f64())
+}
