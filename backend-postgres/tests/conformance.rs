@@ -12,3 +12,4 @@ async fn postgres() -> Subject<PgBackend, PgBackend> {
 }
 
 redrive_conformance::suite!(postgres());
+

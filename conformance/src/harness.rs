@@ -180,6 +180,7 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
         let config = WorkerConfig {
             concurrency,
             batch: concurrency,
+            claimers: 2,
             lease,
             heartbeat: Some(lease / 3),
             poll: Duration::from_millis(200),

@@ -31,9 +31,11 @@ const BUSY_RECHECK: Duration = Duration::from_secs(1);
 pub struct WorkerConfig {
     /// Handlers running at once (default 8).
     pub concurrency: usize,
-    /// Most jobs claimed ahead of the running handlers, and so per claim call (default 32).
-    /// Buffered jobs that wait half their lease are released rather than run late.
+    /// Most jobs per claim call (default 32). Up to `batch × claimers` jobs wait in the buffer
+    /// ahead of the handlers; one that waits half its lease is handed back rather than run late.
     pub batch: usize,
+    /// Claim calls in flight at once (default 2), so one claim's round trip overlaps another's.
+    pub claimers: usize,
     /// How long a claim holds a job before another worker may take it (default 30 s).
     pub lease: Duration,
     /// How often a running handler's lease is extended; `None` turns the heartbeat off
@@ -55,6 +57,7 @@ impl Default for WorkerConfig {
         Self {
             concurrency: 8,
             batch: 32,
+            claimers: 2,
             lease,
             heartbeat: Some(lease / 3),
             poll: Duration::from_secs(1),
@@ -312,31 +315,57 @@ impl RunningWorker {
     }
 }
 
-/// Claims into a buffer of up to `batch` jobs (so the next claim overlaps the running
-/// handlers) and dispatches from it to at most `concurrency` handlers.
+/// Claims ahead of the running handlers: `claimers` claim calls in flight, each taking up to
+/// `batch` jobs, into a buffer the dispatcher hands to at most `concurrency` handlers.
 async fn claim_loop<Q: Claim + 'static, L: Ledger + 'static>(
     shared: Arc<Shared<Q, L>>,
     stop: CancellationToken,
     abandon: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let (buffer, waiting) = mpsc::channel::<(Instant, Claimed)>(shared.config.batch.max(1));
-    let dispatcher = tokio::spawn(dispatch(Arc::clone(&shared), waiting, stop.clone(), abandon, tracker));
+    let claimers = shared.config.claimers.max(1);
+    let room = Arc::new(Semaphore::new(shared.config.batch.max(1) * claimers));
+    let (buffer, waiting) = mpsc::unbounded_channel::<(Instant, Claimed)>();
+    let dispatcher =
+        tokio::spawn(dispatch(Arc::clone(&shared), waiting, Arc::clone(&room), stop.clone(), abandon, tracker));
+    let claimers: Vec<_> = (0..claimers)
+        .map(|_| tokio::spawn(claimer(Arc::clone(&shared), buffer.clone(), Arc::clone(&room), stop.clone())))
+        .collect();
+    drop(buffer);
+    for claimer in claimers {
+        if let Err(e) = claimer.await {
+            error!(error = %e, "worker claimer panicked");
+        }
+    }
+    if let Err(e) = dispatcher.await {
+        error!(error = %e, "worker dispatcher panicked");
+    }
+}
+
+/// One claim call at a time, for as many jobs as the buffer has room for (at most `batch`).
+async fn claimer<Q: Claim + 'static, L: Ledger + 'static>(
+    shared: Arc<Shared<Q, L>>,
+    buffer: mpsc::UnboundedSender<(Instant, Claimed)>,
+    room: Arc<Semaphore>,
+    stop: CancellationToken,
+) {
     let mut failures = 0u32;
     while !stop.is_cancelled() {
-        let room = tokio::select! {
-            slot = buffer.reserve() => match slot {
-                Ok(slot) => { drop(slot); buffer.capacity().max(1) }
-                Err(_) => break,
-            },
+        tokio::select! {
+            permit = room.acquire() => permit.expect("the semaphore is never closed").forget(),
             () = stop.cancelled() => break,
-        };
-        let claimed = match shared.queue.claim(room, shared.config.lease, shared.config.poll).await {
+        }
+        let mut want = 1;
+        while want < shared.config.batch && room.try_acquire().map(|p| p.forget()).is_ok() {
+            want += 1;
+        }
+        let claimed = match shared.queue.claim(want, shared.config.lease, shared.config.poll).await {
             Ok(claimed) => {
                 failures = 0;
                 claimed
             }
             Err(e) => {
+                room.add_permits(want);
                 failures += 1;
                 let pause =
                     Backoff { base: Duration::from_millis(100), max: Duration::from_secs(10), ..Backoff::default() };
@@ -348,24 +377,20 @@ async fn claim_loop<Q: Claim + 'static, L: Ledger + 'static>(
                 continue;
             }
         };
+        room.add_permits(want.saturating_sub(claimed.len()));
         shared.counters.add(Count::Claimed, claimed.len() as u64);
         let now = Instant::now();
         for job in claimed {
-            // Only this loop sends, and it claimed no more than the free room.
-            if buffer.send((now, job)).await.is_err() {
-                break;
-            }
+            // The dispatcher outlives every claimer, so this cannot fail.
+            let _ = buffer.send((now, job));
         }
-    }
-    drop(buffer);
-    if let Err(e) = dispatcher.await {
-        error!(error = %e, "worker dispatcher panicked");
     }
 }
 
 async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
     shared: Arc<Shared<Q, L>>,
-    mut waiting: mpsc::Receiver<(Instant, Claimed)>,
+    mut waiting: mpsc::UnboundedReceiver<(Instant, Claimed)>,
+    room: Arc<Semaphore>,
     stop: CancellationToken,
     abandon: CancellationToken,
     tracker: TaskTracker,
@@ -374,27 +399,32 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
     // Jobs between dispatch and settlement. A handler's slot is freed as soon as it returns, so
     // settlements (batched by the backend) overlap the next handlers; this bounds how many wait.
     let outstanding = Arc::new(Semaphore::new((2 * shared.config.batch).max(shared.config.concurrency)));
+    // Jobs that shutdown caught before they started. They are handed back only once every
+    // claimer has stopped, so no claim of this worker can take them again.
+    let mut unstarted = Vec::new();
     while let Some((claimed_at, job)) = waiting.recv().await {
+        room.add_permits(1);
         let permits = tokio::select! {
             permits = async {
                 let out = Arc::clone(&outstanding).acquire_owned().await;
                 let slot = Arc::clone(&slots).acquire_owned().await;
                 out.and_then(|out| slot.map(|slot| (out, slot)))
-            } => Some(permits.expect("the semaphores are never closed")),
+            }, if !stop.is_cancelled() => Some(permits.expect("the semaphores are never closed")),
             () = stop.cancelled() => None,
+        };
+        let Some((out, slot)) = permits else {
+            unstarted.push(job);
+            continue;
         };
         let span =
             info_span!("job", id = %job.job.id, kind = %job.job.kind, attempt = job.job.attempt, key = %job.job.key);
-        // A job that waited in the buffer for half its lease, or that shutdown caught before it
-        // started, goes back at once rather than running on a lease about to lapse.
-        let Some((out, slot)) =
-            permits.filter(|_| claimed_at.elapsed() < shared.config.lease / 2 && !stop.is_cancelled())
-        else {
-            let shared = Arc::clone(&shared);
+        let shared = Arc::clone(&shared);
+        if claimed_at.elapsed() >= shared.config.lease / 2 {
+            // It waited in the buffer for half its lease: give it back rather than run it on a
+            // lease about to lapse.
             tracker.spawn(async move { shared.give_back(&job).await }.instrument(span));
             continue;
-        };
-        let shared = Arc::clone(&shared);
+        }
         let abandon = abandon.clone();
         tracker.spawn(
             async move {
@@ -403,6 +433,12 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
             }
             .instrument(span),
         );
+    }
+    for job in unstarted {
+        let span =
+            info_span!("job", id = %job.job.id, kind = %job.job.kind, attempt = job.job.attempt, key = %job.job.key);
+        let shared = Arc::clone(&shared);
+        tracker.spawn(async move { shared.give_back(&job).await }.instrument(span));
     }
 }
 
