@@ -97,14 +97,25 @@ async fn main() -> BoxResult<()> {
     let default_label = format!("default (batch = {})", WorkerConfig::default().batch);
     let configs =
         [(default_label.as_str(), None), ("batch = 1", Some(1)), ("batch = 10", Some(10)), ("batch = 100", Some(100))];
-    for (label, batch) in configs {
+    // REDRIVE_BENCH_QUICK=1: the default burn-down only, against the start baseline (for tuning).
+    let quick = std::env::var_os("REDRIVE_BENCH_QUICK").is_some();
+    for (label, batch) in configs.into_iter().take(if quick { 1 } else { 4 }) {
         let mut config = WorkerConfig { concurrency: CONCURRENCY, ..WorkerConfig::default() };
         if let Some(batch) = batch {
             config.batch = batch;
         }
+        if quick {
+            let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+            config.batch = var("REDRIVE_BENCH_BATCH").unwrap_or(config.batch);
+            config.claimers = var("REDRIVE_BENCH_CLAIMERS").unwrap_or(config.claimers);
+        }
         let burn = burn_down(&ctx, config, BURN_JOBS, BURN_TIMEOUT).await?;
         println!("- {label}: {}", burn.describe());
         rows.push((format!("burn-down 20k, {label}"), Figure::Rate(burn.rate())));
+        if quick {
+            println!("- ratio to lifecycle.sql (start of round): {:.2}×", burn.rate() / lifecycle_start);
+            return Ok(());
+        }
     }
 
     println!();

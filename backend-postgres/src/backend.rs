@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use redrive_core::{
     AttemptError, Begin, Claim, Claimed, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery,
     FailureRecord, Hold, IdempotencyKey, JobId, JobRecord, Lease, Ledger, NewJob, ProviderKey, RecordState, Replay,
-    ReplayOutcome, Result, Severity,
+    ReplayOutcome, Result, Severity, payload_fingerprint,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
@@ -650,7 +650,7 @@ impl Replay for PgBackend {
 }
 
 impl Ledger for PgBackend {
-    async fn begin(&self, key: &IdempotencyKey, fingerprint: &str, hold: Duration) -> Result<Begin> {
+    async fn begin(&self, key: &IdempotencyKey, payload: &Value, hold: Duration) -> Result<Begin> {
         let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner()).by_key.get(key).copied();
         if let Some(job) = held {
             // A job claimed here: its row is the ledger entry, its lease the hold, and the unique
@@ -658,6 +658,7 @@ impl Ledger for PgBackend {
             let hold = Hold { key: key.clone(), token: format!("{JOB_HOLD}{}:{}", job.id, job.token) };
             return Ok(if job.claims > 1 { Begin::Resumed(hold) } else { Begin::Fresh(hold) });
         }
+        let fingerprint = &payload_fingerprint(payload);
         let token = Uuid::new_v4();
         let taken = q(&self.inner.sql.ledger_begin)
             .bind(key.as_str())
@@ -677,7 +678,7 @@ impl Ledger for PgBackend {
             .await
             .map_err(|e| db(e, "ledger state"))?
             .ok_or_else(|| Error::temporary(format!("key {key} changed while it was read")))?;
-        if row.get::<String, _>("fingerprint") != fingerprint {
+        if row.get::<String, _>("fingerprint") != *fingerprint {
             return Err(Error::new(ErrorKind::KeyConflict, format!("key {key} was used with a different payload")));
         }
         Ok(match row.get::<&str, _>("state") {

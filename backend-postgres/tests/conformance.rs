@@ -12,4 +12,3 @@ async fn postgres() -> Subject<PgBackend, PgBackend> {
 }
 
 redrive_conformance::suite!(postgres());
-

@@ -3,9 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redrive_core::{
-    Begin, ErrorKind, FailureQuery, Ledger, NewJob, RecordState, ReplayExt, ReplayOutcome, payload_fingerprint,
-};
+use redrive_core::{Begin, ErrorKind, FailureQuery, Ledger, NewJob, RecordState, ReplayExt, ReplayOutcome};
 use serde_json::json;
 
 use crate::harness::{Fault, Probe, Run, ensure};
@@ -41,9 +39,10 @@ pub async fn replay<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L
 pub async fn race<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("race", subject);
     let key = Probe::key(900);
+    let payload = json!({"id": 900});
     let (a, b) = tokio::join!(
-        run.s.ledger.begin(&key, "fp", run.s.caps.lease),
-        run.s.ledger.begin(&key, "fp", run.s.caps.lease)
+        run.s.ledger.begin(&key, &payload, run.s.caps.lease),
+        run.s.ledger.begin(&key, &payload, run.s.caps.lease)
     );
     let (a, b) = (run.must("ledger begin", a)?, run.must("ledger begin", b)?);
     let holders = [&a, &b].iter().filter(|r| matches!(r, Begin::Fresh(_) | Begin::Resumed(_))).count();
@@ -292,8 +291,7 @@ pub async fn dead_worker<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject
     let lease = run.s.caps.short_lease;
     let mut held = run.must("claim", run.s.queue.claim(1, lease, run.s.caps.timeout).await)?;
     ensure!(run, held.len() == 1, "the job should be claimable");
-    let begin =
-        run.must("ledger begin", run.s.ledger.begin(&job.key, &payload_fingerprint(&job.payload), lease).await)?;
+    let begin = run.must("ledger begin", run.s.ledger.begin(&job.key, &job.payload, lease).await)?;
     ensure!(run, matches!(begin, Begin::Fresh(_)), "the dying worker should hold the key fresh, got {begin:?}");
     drop(held.pop()); // the worker dies: nothing settles the job
 

@@ -74,7 +74,7 @@ impl Replay for AckLost {
 struct Amnesiac;
 
 impl Ledger for Amnesiac {
-    async fn begin(&self, key: &IdempotencyKey, _fingerprint: &str, _hold: Duration) -> Result<Begin> {
+    async fn begin(&self, key: &IdempotencyKey, _payload: &Value, _hold: Duration) -> Result<Begin> {
         Ok(Begin::Fresh(Hold { key: key.clone(), token: "any".into() }))
     }
     async fn extend_hold(&self, _hold: &Hold, _by: Duration) -> Result<()> {

@@ -102,7 +102,9 @@ pub trait Claim: Send + Sync {
     /// Extends the lease to `lease` from now (a heartbeat for long handlers).
     fn extend(&self, lease: &Lease, by: Duration) -> impl Future<Output = Result<()>> + Send;
 
-    /// Gives the job back at once, its attempt still counted (graceful shutdown).
+    /// Gives back, ready at once, a job whose handler never started (claimed ahead, then shutdown
+    /// or a long wait in the buffer). Where the backend can, the claim's attempt is undone; a
+    /// queue that counts receives itself (SQS, Azure) keeps it.
     fn release(&self, lease: &Lease) -> impl Future<Output = Result<()>> + Send;
 
     /// Ends the job as a failure record with the full payload, `error` as the last error and
@@ -322,13 +324,13 @@ pub enum Begin {
 /// delivers. Key first: `begin` marks the key pending before the outside call, `finish` marks it
 /// done after.
 pub trait Ledger: Send + Sync {
-    /// Starts an attempt at the effect of `key`, holding it for `hold`. The payload
-    /// `fingerprint` is stored with the key; a later begin with another fingerprint is a
-    /// [`KeyConflict`](crate::ErrorKind::KeyConflict).
+    /// Starts an attempt at the effect of `key`, holding it for `hold`. The payload's
+    /// [fingerprint](crate::payload_fingerprint) is stored with the key; a later begin with
+    /// another payload is a [`KeyConflict`](crate::ErrorKind::KeyConflict).
     fn begin(
         &self,
         key: &IdempotencyKey,
-        fingerprint: &str,
+        payload: &Value,
         hold: Duration,
     ) -> impl Future<Output = Result<Begin>> + Send;
 

@@ -257,7 +257,11 @@ impl Claim for MemoryBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        Self::fenced(&mut self.lock(), lease)?.status = Status::Queued { ready_at: Instant::now() };
+        let mut state = self.lock();
+        let job = Self::fenced(&mut state, lease)?;
+        job.attempts -= 1; // the handler never started
+        job.status = Status::Queued { ready_at: Instant::now() };
+        drop(state);
         self.work.notify_waiters();
         Ok(())
     }
@@ -363,7 +367,8 @@ impl Replay for MemoryBackend {
 }
 
 impl Ledger for MemoryBackend {
-    async fn begin(&self, key: &IdempotencyKey, fingerprint: &str, hold: Duration) -> Result<Begin> {
+    async fn begin(&self, key: &IdempotencyKey, payload: &Value, hold: Duration) -> Result<Begin> {
+        let fingerprint = &crate::job::payload_fingerprint(payload);
         let now = Instant::now();
         let mut state = self.lock();
         let Some(entry) = state.ledger.get_mut(key) else {
@@ -372,7 +377,7 @@ impl Ledger for MemoryBackend {
             state.ledger.insert(key.clone(), LedgerEntry { fingerprint: fingerprint.to_owned(), state: state_ });
             return Ok(Begin::Fresh(Hold { key: key.clone(), token }));
         };
-        if entry.fingerprint != fingerprint {
+        if entry.fingerprint != *fingerprint {
             return Err(Error::new(ErrorKind::KeyConflict, format!("key {key} was used with a different payload")));
         }
         match &mut entry.state {
@@ -478,14 +483,15 @@ mod tests {
     async fn ledger_gives_one_fresh_then_busy_resumed_and_done() {
         let b = MemoryBackend::new();
         let key = job(1).key;
-        let Begin::Fresh(hold) = b.begin(&key, "f", LEASE).await.unwrap() else { panic!("first is fresh") };
-        assert!(matches!(b.begin(&key, "f", LEASE).await.unwrap(), Begin::Busy(_)));
-        assert_eq!(b.begin(&key, "other", LEASE).await.unwrap_err().kind(), ErrorKind::KeyConflict);
+        let (f, other) = (json!({"n": 1}), json!({"n": 2}));
+        let Begin::Fresh(hold) = b.begin(&key, &f, LEASE).await.unwrap() else { panic!("first is fresh") };
+        assert!(matches!(b.begin(&key, &f, LEASE).await.unwrap(), Begin::Busy(_)));
+        assert_eq!(b.begin(&key, &other, LEASE).await.unwrap_err().kind(), ErrorKind::KeyConflict);
         b.release_hold(&hold).await.unwrap();
-        let Begin::Resumed(again) = b.begin(&key, "f", LEASE).await.unwrap() else { panic!("released is resumed") };
+        let Begin::Resumed(again) = b.begin(&key, &f, LEASE).await.unwrap() else { panic!("released is resumed") };
         assert_eq!(b.extend_hold(&hold, LEASE).await.unwrap_err().kind(), ErrorKind::LeaseLost);
         b.finish(&again, &json!({"sent": true})).await.unwrap();
-        assert_eq!(b.begin(&key, "f", LEASE).await.unwrap(), Begin::Done(json!({"sent": true})));
+        assert_eq!(b.begin(&key, &f, LEASE).await.unwrap(), Begin::Done(json!({"sent": true})));
     }
 
     #[tokio::test]

@@ -20,7 +20,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::alert::{Alert, AlertSink, BoxFuture, TracingAlerts};
 use crate::backend::{Begin, Claim, Claimed, Hold, Ledger};
 use crate::error::ErrorKind;
-use crate::job::{Job, JobContext, JobError, payload_fingerprint};
+use crate::job::{Job, JobContext, JobError};
 use crate::policy::{Backoff, Decision, Outcome, RetryPolicy};
 
 /// How soon a job deferred by a busy key is looked at again, at most.
@@ -398,7 +398,8 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
     let slots = Arc::new(Semaphore::new(shared.config.concurrency));
     // Jobs between dispatch and settlement. A handler's slot is freed as soon as it returns, so
     // settlements (batched by the backend) overlap the next handlers; this bounds how many wait.
-    let outstanding = Arc::new(Semaphore::new((2 * shared.config.batch).max(shared.config.concurrency)));
+    let outstanding =
+        Arc::new(Semaphore::new((4 * shared.config.batch * shared.config.claimers).max(shared.config.concurrency)));
     // Jobs that shutdown caught before they started. They are handed back only once every
     // claimer has stopped, so no claim of this worker can take them again.
     let mut unstarted = Vec::new();
@@ -454,7 +455,7 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
         let Some(handler) = self.handlers.get(&job.kind) else {
             return self.dead_letter(&claimed, &format!("no handler is registered for kind `{}`", job.kind)).await;
         };
-        let begin = self.ledger.begin(&job.key, &payload_fingerprint(&job.payload), self.config.lease).await;
+        let begin = self.ledger.begin(&job.key, &job.payload, self.config.lease).await;
         let (hold, earlier_attempt_pending) = match begin {
             Ok(Begin::Fresh(hold)) => (hold, false),
             Ok(Begin::Resumed(hold)) => (hold, true),
@@ -510,9 +511,10 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
         drop(slot); // the handler is done: the next one may start while this one settles
         let Some(result) = result else {
             let _ = self.ledger.release_hold(&hold).await;
-            info!("released at shutdown");
+            info!("interrupted by shutdown; released for another worker");
             self.counters.add(Count::Released, 1);
-            return self.settle(self.queue.release(&claimed.lease).await);
+            // The handler started, so the attempt counts, like any failed one.
+            return self.settle(self.queue.retry(&claimed.lease, Duration::ZERO, "interrupted by shutdown").await);
         };
         let outcome = match result {
             Ok(value) => {
