@@ -31,10 +31,10 @@ const BUSY_RECHECK: Duration = Duration::from_secs(1);
 pub struct WorkerConfig {
     /// Handlers running at once (default 8).
     pub concurrency: usize,
-    /// Most jobs per claim call (default 32). Up to `batch × claimers` jobs wait in the buffer
+    /// Most jobs per claim call (default 64; a backend may take fewer, SQS at most 10). Up to `batch × claimers` jobs wait in the buffer
     /// ahead of the handlers; one that waits half its lease is handed back rather than run late.
     pub batch: usize,
-    /// Claim calls in flight at once (default 2), so one claim's round trip overlaps another's.
+    /// Claim calls in flight at once (default 4), so claims' round trips overlap.
     pub claimers: usize,
     /// How long a claim holds a job before another worker may take it (default 30 s).
     pub lease: Duration,
@@ -56,8 +56,8 @@ impl Default for WorkerConfig {
         let lease = Duration::from_secs(30);
         Self {
             concurrency: 8,
-            batch: 32,
-            claimers: 2,
+            batch: 64,
+            claimers: 4,
             lease,
             heartbeat: Some(lease / 3),
             poll: Duration::from_secs(1),
