@@ -272,6 +272,9 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
                 (n, _, _) if n > 1 => report.duplicated.push(key),
                 (1, 0, true) => report.done_once.push(key),
                 (0, 1, false) => report.failure_record.push(key),
+                // Without enqueue dedupe, two messages with one failing key each fail and each
+                // leave a record; replaying either is safe, since the ledger lets one run.
+                (0, r, false) if r > 1 && !self.s.caps.enqueue_dedupe => report.failure_record.push(key),
                 _ => report.unexpected.push(key),
             }
         }

@@ -1,0 +1,835 @@
+//! `SqsBackend`: the redrive contracts on an SQS queue, its dead-letter queue and an audit queue.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, Message, MessageAttributeValue, MessageSystemAttributeName,
+    QueueAttributeName, SendMessageBatchRequestEntry,
+};
+use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
+use redrive_core::{
+    AttemptError, Claim, Claimed, DeadLetter, Enqueue, Enqueued, Envelope, Error, ErrorKind, FailureId, FailureQuery,
+    FailureRecord, IdempotencyKey, JobId, JobRecord, Lease, NewJob, ProviderKey, RecordState, Replay, ReplayOutcome,
+    Result, Severity,
+};
+use serde_json::Value;
+use tracing::info;
+
+use crate::config::{QueueSetup, SqsConfig};
+use crate::delete::Deleter;
+use crate::error::sdk;
+
+const ATTR_KIND: &str = "redrive-kind";
+const ATTR_KEY: &str = "redrive-key";
+const ATTR_PROVIDER_KEY: &str = "redrive-provider-key";
+const ATTR_ERROR: &str = "redrive-error";
+const ATTR_ATTEMPTS: &str = "redrive-attempts";
+const ATTR_FAILED_AT: &str = "redrive-failed-at";
+const ATTR_SOURCE_ID: &str = "redrive-source-id";
+/// The last error kept on a DLQ message, in bytes; the rest is in the worker's log.
+const MAX_ERROR_LEN: usize = 4096;
+/// The longest visibility SQS accepts (12 h).
+const MAX_VISIBILITY: Duration = Duration::from_secs(43_200);
+
+/// redrive on Amazon SQS: the source queue carries the jobs, its dead-letter queue the failure
+/// records, and `<dlq>-audit` the closed records (replayed or discarded, with when, why and who).
+/// Clones share one client.
+#[derive(Clone)]
+pub struct SqsBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    source: QueueInfo,
+    dlq: QueueInfo,
+    audit_url: String,
+    max_receive_count: u32,
+    max_wait: Duration,
+    /// The latest receipt this process got for each message it holds: SQS accepts an old
+    /// receipt handle for some calls, so fencing within a process is done here.
+    held: Mutex<HashMap<String, Held>>,
+    deleter: Deleter,
+    /// Listing the DLQ receives its messages for a moment; one reader at a time in a process.
+    scan: tokio::sync::Mutex<()>,
+    requests: Arc<AtomicU64>,
+}
+
+struct Held {
+    receipt: String,
+    /// The body as received, kept only when it was not a redrive envelope.
+    raw: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct QueueInfo {
+    url: String,
+    fifo: bool,
+    max_message_size: usize,
+}
+
+impl std::fmt::Debug for SqsBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqsBackend").field("queue", &self.inner.source.url).finish_non_exhaustive()
+    }
+}
+
+/// SQS queue names: 1 to 80 of A-Z a-z 0-9 - _, with `.fifo` at the end of FIFO queues.
+pub(crate) fn check_queue_name(name: &str) -> Result<()> {
+    let base = name.strip_suffix(".fifo").unwrap_or(name);
+    let ok = !base.is_empty()
+        && name.len() <= 80
+        && base.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::InvalidName, format!("queue name {name:?} must be 1 to 80 of A-Z a-z 0-9 - _")))
+    }
+}
+
+fn audit_name(dlq: &str) -> String {
+    format!("{}-audit", dlq.strip_suffix(".fifo").unwrap_or(dlq))
+}
+
+fn secs(d: Duration) -> i32 {
+    d.min(MAX_VISIBILITY).as_secs_f64().ceil() as i32
+}
+
+fn string_attr(value: &str) -> MessageAttributeValue {
+    MessageAttributeValue::builder().data_type("String").string_value(value).build().expect("type and value are set")
+}
+
+fn config_error(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Config, message)
+}
+
+#[derive(Debug)]
+struct CountRequests(Arc<AtomicU64>);
+
+impl aws_sdk_sqs::config::Intercept for CountRequests {
+    fn name(&self) -> &'static str {
+        "redrive-count-requests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _components: &aws_sdk_sqs::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_sqs::config::ConfigBag,
+    ) -> std::result::Result<(), aws_sdk_sqs::error::BoxError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl SqsBackend {
+    async fn client(config: &SqsConfig, requests: &Arc<AtomicU64>) -> Client {
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+        if let Some(endpoint) = &config.endpoint {
+            loader = loader.endpoint_url(endpoint);
+        }
+        if let Some(region) = &config.region {
+            loader = loader.region(aws_config::Region::new(region.clone()));
+        }
+        if let Some((key, secret)) = &config.static_credentials {
+            let credentials = aws_sdk_sqs::config::Credentials::new(key, secret, None, None, "redrive-static");
+            loader = loader.credentials_provider(credentials);
+        }
+        let shared = loader.load().await;
+        let sqs = aws_sdk_sqs::config::Builder::from(&shared).interceptor(CountRequests(Arc::clone(requests))).build();
+        Client::from_conf(sqs)
+    }
+
+    /// Connects to an existing queue and checks its setup, refusing what would lose data: no
+    /// redrive policy, a missing dead-letter or audit queue, a DLQ that keeps messages for less
+    /// time than the source.
+    pub async fn connect(config: SqsConfig) -> Result<Self> {
+        check_queue_name(&config.queue)?;
+        let requests = Arc::new(AtomicU64::new(0));
+        let client = Self::client(&config, &requests).await;
+        let source_url = queue_url(&client, &config.queue).await?;
+        let attrs = queue_attributes(&client, &source_url).await?;
+        let policy = attrs.get(&QueueAttributeName::RedrivePolicy).ok_or_else(|| {
+            config_error(format!(
+                "queue {} has no redrive policy: a worker crashing on the last attempt would lose the job",
+                config.queue
+            ))
+        })?;
+        let policy: Value =
+            serde_json::from_str(policy).map_err(|_| config_error("the queue's redrive policy is not JSON"))?;
+        let dlq_arn =
+            policy["deadLetterTargetArn"].as_str().ok_or_else(|| config_error("redrive policy without a target"))?;
+        let max_receive_count = match &policy["maxReceiveCount"] {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.parse().ok(),
+            _ => None,
+        }
+        .ok_or_else(|| config_error("redrive policy without maxReceiveCount"))? as u32;
+        let dlq_name = dlq_arn.rsplit(':').next().unwrap_or_default();
+        let dlq_url = queue_url(&client, dlq_name)
+            .await
+            .map_err(|_| config_error(format!("the dead-letter queue {dlq_name} does not exist")))?;
+        let dlq_attrs = queue_attributes(&client, &dlq_url).await?;
+        let retention = |a: &HashMap<QueueAttributeName, String>| {
+            a.get(&QueueAttributeName::MessageRetentionPeriod).and_then(|v| v.parse::<u64>().ok()).unwrap_or(345_600)
+        };
+        if retention(&dlq_attrs) < retention(&attrs) {
+            return Err(config_error(format!(
+                "the dead-letter queue keeps messages {} s, less than the source's {} s: records would expire before their jobs",
+                retention(&dlq_attrs),
+                retention(&attrs)
+            )));
+        }
+        let audit = audit_name(dlq_name);
+        let audit_url = queue_url(&client, &audit).await.map_err(|_| {
+            config_error(format!("the audit queue {audit} does not exist (SqsBackend::setup creates it)"))
+        })?;
+        let info = |url: String, a: &HashMap<QueueAttributeName, String>| QueueInfo {
+            url,
+            fifo: a.get(&QueueAttributeName::FifoQueue).is_some_and(|v| v == "true"),
+            max_message_size: a
+                .get(&QueueAttributeName::MaximumMessageSize)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(262_144),
+        };
+        let deleter = Deleter::start(client.clone(), source_url.clone());
+        Ok(Self {
+            inner: Arc::new(Inner {
+                source: info(source_url, &attrs),
+                dlq: info(dlq_url, &dlq_attrs),
+                audit_url,
+                max_receive_count,
+                max_wait: config.wait,
+                client,
+                held: Mutex::default(),
+                deleter,
+                scan: tokio::sync::Mutex::new(()),
+                requests,
+            }),
+        })
+    }
+
+    /// Creates (or finds) the source queue, its dead-letter queue with the redrive policy, and
+    /// the audit queue, then connects.
+    pub async fn setup(config: SqsConfig, setup: QueueSetup) -> Result<Self> {
+        check_queue_name(&config.queue)?;
+        let requests = Arc::new(AtomicU64::new(0));
+        let client = Self::client(&config, &requests).await;
+        let suffix = if setup.fifo { ".fifo" } else { "" };
+        let base = config.queue.strip_suffix(".fifo").unwrap_or(&config.queue).to_owned();
+        let (source, dlq) = (format!("{base}{suffix}"), format!("{base}-dlq{suffix}"));
+        let retention = setup.retention.as_secs().clamp(60, 1_209_600).to_string();
+        let size = setup.max_message_size.clamp(1024, 1_048_576).to_string();
+        let mut common = vec![
+            (QueueAttributeName::MessageRetentionPeriod, retention.clone()),
+            (QueueAttributeName::MaximumMessageSize, size),
+        ];
+        if setup.fifo {
+            common.push((QueueAttributeName::FifoQueue, "true".into()));
+        }
+        let dlq_url = create_queue(&client, &dlq, &common).await?;
+        let dlq_arn = queue_attributes(&client, &dlq_url)
+            .await?
+            .remove(&QueueAttributeName::QueueArn)
+            .ok_or_else(|| Error::temporary("the new DLQ has no ARN"))?;
+        let policy = serde_json::json!({ "deadLetterTargetArn": dlq_arn, "maxReceiveCount": setup.max_receive_count });
+        let mut source_attrs = common.clone();
+        source_attrs.push((QueueAttributeName::RedrivePolicy, policy.to_string()));
+        create_queue(&client, &source, &source_attrs).await?;
+        create_queue(&client, &audit_name(&dlq), &[(QueueAttributeName::MessageRetentionPeriod, retention)]).await?;
+        Self::connect(SqsConfig { queue: source, ..config }).await
+    }
+
+    /// API requests sent so far (every HTTP attempt), for cost and efficiency figures.
+    pub fn request_count(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    /// The largest message the source queue accepts, envelope and attributes included.
+    pub fn max_message_size(&self) -> usize {
+        self.inner.source.max_message_size
+    }
+
+    /// The redrive policy's `maxReceiveCount`: no job may have a higher cap.
+    pub fn max_receive_count(&self) -> u32 {
+        self.inner.max_receive_count
+    }
+
+    fn outgoing(&self, job: &NewJob) -> Result<(String, HashMap<String, MessageAttributeValue>)> {
+        if job.cap > self.inner.max_receive_count {
+            return Err(config_error(format!(
+                "job {} has a cap of {}, above the queue's maxReceiveCount of {}: SQS would dead-letter it early",
+                job.key, job.cap, self.inner.max_receive_count
+            )));
+        }
+        let body = Envelope::new(job).encode();
+        let attrs = HashMap::from([
+            (ATTR_KIND.to_owned(), string_attr(&job.kind)),
+            (ATTR_KEY.to_owned(), string_attr(job.key.as_str())),
+            (ATTR_PROVIDER_KEY.to_owned(), string_attr(&job.provider_key.to_string())),
+        ]);
+        let size =
+            body.len() + attrs.iter().map(|(k, v)| k.len() + 6 + v.string_value().map_or(0, str::len)).sum::<usize>();
+        if size > self.inner.source.max_message_size {
+            return Err(Error::new(
+                ErrorKind::PayloadTooLarge,
+                format!(
+                    "job {} is {size} bytes as a message, over the queue's {} bytes",
+                    job.key, self.inner.source.max_message_size
+                ),
+            ));
+        }
+        Ok((body, attrs))
+    }
+
+    fn fence(&self, lease: &Lease) -> Result<()> {
+        let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        match held.get(&lease.job_id.0) {
+            Some(h) if h.receipt != lease.token => {
+                Err(Error::new(ErrorKind::LeaseLost, format!("message {} was received again since", lease.job_id)))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn forget(&self, lease: &Lease) {
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.get(&lease.job_id.0).is_some_and(|h| h.receipt == lease.token) {
+            held.remove(&lease.job_id.0);
+        }
+    }
+
+    async fn set_visibility(&self, lease: &Lease, to: Duration, what: &str) -> Result<()> {
+        self.fence(lease)?;
+        self.inner
+            .client
+            .change_message_visibility()
+            .queue_url(&self.inner.source.url)
+            .receipt_handle(&lease.token)
+            .visibility_timeout(secs(to))
+            .send()
+            .await
+            .map_err(|e| sdk(e, what))?;
+        Ok(())
+    }
+
+    fn claimed_from(&self, m: Message) -> Option<Claimed> {
+        let (id, receipt) = (m.message_id?, m.receipt_handle?);
+        let body = m.body.unwrap_or_default();
+        let system = m.attributes.unwrap_or_default();
+        let attempt =
+            system.get(&MessageSystemAttributeName::ApproximateReceiveCount).and_then(|v| v.parse().ok()).unwrap_or(1);
+        let sent = sent_at(&system);
+        let attrs = m.message_attributes.unwrap_or_default();
+        let attr = |name: &str| attrs.get(name).and_then(|v| v.string_value()).map(str::to_owned);
+        let (job, raw) = match Envelope::decode(body.as_bytes()) {
+            Ok(env) => (
+                JobRecord {
+                    id: JobId(id.clone()),
+                    kind: env.kind,
+                    key: env.key,
+                    provider_key: env.provider_key,
+                    payload: env.payload,
+                    attempt,
+                    cap: env.cap,
+                    severity: env.severity,
+                    enqueued_at: env.enqueued_at,
+                },
+                None,
+            ),
+            // Not an envelope: hand it over as it is, so the worker records it as a failure
+            // that does not decode, with the body kept for a person to read.
+            Err(_) => (
+                JobRecord {
+                    id: JobId(id.clone()),
+                    kind: attr(ATTR_KIND).unwrap_or_else(|| "unknown".into()),
+                    key: attr(ATTR_KEY)
+                        .and_then(|k| IdempotencyKey::parse(k).ok())
+                        .unwrap_or_else(|| IdempotencyKey::parse(format!("sqs:message={id}")).expect("a valid key")),
+                    provider_key: attr(ATTR_PROVIDER_KEY)
+                        .and_then(|p| p.parse().ok())
+                        .map_or_else(ProviderKey::mint, ProviderKey::from_uuid),
+                    payload: Value::String(body.clone()),
+                    attempt,
+                    cap: 1,
+                    severity: Severity::Error,
+                    enqueued_at: sent,
+                },
+                Some(body),
+            ),
+        };
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone(), Held { receipt: receipt.clone(), raw });
+        Some(Claimed { job, lease: Lease { job_id: JobId(id), token: receipt } })
+    }
+
+    /// Every message of `url`, received for a moment and made visible again at once.
+    async fn scan(&self, url: &str) -> Result<Vec<Message>> {
+        let mut all: Vec<Message> = Vec::new();
+        loop {
+            let out = self
+                .inner
+                .client
+                .receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10)
+                .visibility_timeout(30)
+                .wait_time_seconds(0)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .map_err(|e| sdk(e, "read dead letters"))?;
+            let page = out.messages.unwrap_or_default();
+            if page.is_empty() {
+                break;
+            }
+            all.extend(page);
+        }
+        for chunk in all.chunks(10) {
+            let entries = chunk.iter().enumerate().map(|(i, m)| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(m.receipt_handle().unwrap_or_default())
+                    .visibility_timeout(0)
+                    .build()
+                    .expect("id and receipt are set")
+            });
+            self.inner
+                .client
+                .change_message_visibility_batch()
+                .queue_url(url)
+                .set_entries(Some(entries.collect()))
+                .send()
+                .await
+                .map_err(|e| sdk(e, "show dead letters again"))?;
+        }
+        Ok(all)
+    }
+
+    /// Open records from the DLQ and closed ones from the audit queue, oldest first, each with
+    /// the queue and receipt to delete it by.
+    async fn records(&self) -> Result<Vec<(FailureRecord, String, String)>> {
+        let mut records = Vec::new();
+        for m in self.scan(&self.inner.dlq.url).await? {
+            let receipt = m.receipt_handle().unwrap_or_default().to_owned();
+            records.push((self.record_from_dlq(&m), self.inner.dlq.url.clone(), receipt));
+        }
+        for m in self.scan(&self.inner.audit_url).await? {
+            let receipt = m.receipt_handle().unwrap_or_default().to_owned();
+            if let Ok(record) = serde_json::from_str::<FailureRecord>(m.body().unwrap_or_default()) {
+                records.push((record, self.inner.audit_url.clone(), receipt));
+            }
+        }
+        records.sort_by(|a, b| (a.0.last_failed_at, &a.0.id).cmp(&(b.0.last_failed_at, &b.0.id)));
+        Ok(records)
+    }
+
+    fn record_from_dlq(&self, m: &Message) -> FailureRecord {
+        let id = m.message_id().unwrap_or_default().to_owned();
+        let body = m.body().unwrap_or_default();
+        let attrs = m.message_attributes();
+        let attr = |name: &str| attrs.and_then(|a| a.get(name)).and_then(|v| v.string_value()).map(str::to_owned);
+        let system = m.attributes().cloned().unwrap_or_default();
+        let failed_at = attr(ATTR_FAILED_AT)
+            .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
+            .map_or_else(|| sent_at(&system), |t| t.with_timezone(&Utc));
+        // A message moved by the redrive policy (its worker crashed on the last attempt) has
+        // none of the worker's attributes, and is still a record.
+        let attempts = attr(ATTR_ATTEMPTS).and_then(|a| a.parse().ok()).unwrap_or(self.inner.max_receive_count);
+        let last_error = attr(ATTR_ERROR).unwrap_or_else(|| {
+            format!("moved to the dead-letter queue by the redrive policy after {attempts} receives; no worker recorded an error")
+        });
+        let (kind, key, provider_key, payload, cap, severity) = match Envelope::decode(body.as_bytes()) {
+            Ok(env) => (env.kind, env.key, env.provider_key, env.payload, env.cap, env.severity),
+            Err(_) => (
+                attr(ATTR_KIND).unwrap_or_else(|| "unknown".into()),
+                attr(ATTR_KEY)
+                    .and_then(|k| IdempotencyKey::parse(k).ok())
+                    .unwrap_or_else(|| IdempotencyKey::parse(format!("sqs:message={id}")).expect("a valid key")),
+                attr(ATTR_PROVIDER_KEY)
+                    .and_then(|p| p.parse().ok())
+                    .map_or_else(ProviderKey::mint, ProviderKey::from_uuid),
+                Value::String(body.to_owned()),
+                1,
+                Severity::Error,
+            ),
+        };
+        FailureRecord {
+            id: FailureId(id.clone()),
+            job_id: JobId(attr(ATTR_SOURCE_ID).unwrap_or(id)),
+            kind,
+            key,
+            provider_key,
+            payload,
+            last_error: last_error.clone(),
+            errors: vec![AttemptError { attempt: attempts, at: failed_at, error: last_error }],
+            attempts,
+            cap,
+            severity,
+            first_failed_at: failed_at,
+            last_failed_at: failed_at,
+            state: RecordState::Open,
+        }
+    }
+
+    async fn close(&self, record: &FailureRecord, dlq_receipt: &str) -> Result<()> {
+        // The audit copy first: if the delete then fails, the record is closed twice rather
+        // than lost.
+        self.inner
+            .client
+            .send_message()
+            .queue_url(&self.inner.audit_url)
+            .message_body(serde_json::to_string(record).expect("a record serializes"))
+            .send()
+            .await
+            .map_err(|e| sdk(e, "write the audit record"))?;
+        self.inner
+            .client
+            .delete_message()
+            .queue_url(&self.inner.dlq.url)
+            .receipt_handle(dlq_receipt)
+            .send()
+            .await
+            .map_err(|e| sdk(e, "delete the dead letter"))?;
+        Ok(())
+    }
+}
+
+fn sent_at(system: &HashMap<MessageSystemAttributeName, String>) -> DateTime<Utc> {
+    system
+        .get(&MessageSystemAttributeName::SentTimestamp)
+        .and_then(|t| t.parse::<i64>().ok())
+        .and_then(|ms| Utc.timestamp_millis_opt(ms).single())
+        .unwrap_or_else(Utc::now)
+}
+
+async fn queue_url(client: &Client, name: &str) -> Result<String> {
+    let out = client.get_queue_url().queue_name(name).send().await.map_err(|e| sdk(e, "find queue"))?;
+    out.queue_url.ok_or_else(|| Error::new(ErrorKind::NotFound, format!("queue {name} has no URL")))
+}
+
+async fn queue_attributes(client: &Client, url: &str) -> Result<HashMap<QueueAttributeName, String>> {
+    let out = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .map_err(|e| sdk(e, "read queue attributes"))?;
+    Ok(out.attributes.unwrap_or_default())
+}
+
+async fn create_queue(client: &Client, name: &str, attrs: &[(QueueAttributeName, String)]) -> Result<String> {
+    check_queue_name(name)?;
+    let mut request = client.create_queue().queue_name(name);
+    for (k, v) in attrs {
+        request = request.attributes(k.clone(), v);
+    }
+    let out = request.send().await.map_err(|e| sdk(e, "create queue"))?;
+    out.queue_url.ok_or_else(|| Error::temporary(format!("queue {name} was created without a URL")))
+}
+
+impl Enqueue for SqsBackend {
+    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        let (body, attrs) = self.outgoing(&job)?;
+        let mut request = self
+            .inner
+            .client
+            .send_message()
+            .queue_url(&self.inner.source.url)
+            .message_body(body)
+            .set_message_attributes(Some(attrs));
+        if self.inner.source.fifo {
+            // One group per effect (no head-of-line blocking across keys); SQS drops a copy with
+            // the same key for five minutes.
+            request = request.message_group_id(job.key.as_str()).message_deduplication_id(job.key.as_str());
+        }
+        let out = request.send().await.map_err(|e| sdk(e, "send"))?;
+        Ok(Enqueued::Created(JobId(out.message_id.unwrap_or_default())))
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        // Every message is checked before the first is sent.
+        let messages = jobs.iter().map(|job| self.outgoing(job)).collect::<Result<Vec<_>>>()?;
+        let mut results = Vec::with_capacity(jobs.len());
+        let mut start = 0;
+        while start < messages.len() {
+            // At most ten entries, and no more bytes than one message may have.
+            let mut end = start;
+            let mut bytes = 0;
+            while end < messages.len()
+                && end - start < 10
+                && bytes + messages[end].0.len() <= self.inner.source.max_message_size
+            {
+                bytes += messages[end].0.len();
+                end += 1;
+            }
+            let end = end.max(start + 1);
+            let entries = (start..end).map(|i| {
+                let (body, attrs) = &messages[i];
+                let mut entry = SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(body)
+                    .set_message_attributes(Some(attrs.clone()));
+                if self.inner.source.fifo {
+                    entry = entry.message_group_id(jobs[i].key.as_str()).message_deduplication_id(jobs[i].key.as_str());
+                }
+                entry.build().expect("id and body are set")
+            });
+            let out = self
+                .inner
+                .client
+                .send_message_batch()
+                .queue_url(&self.inner.source.url)
+                .set_entries(Some(entries.collect()))
+                .send()
+                .await
+                .map_err(|e| sdk(e, "send batch"))?;
+            if let Some(failed) = out.failed.first() {
+                return Err(Error::temporary(format!(
+                    "sqs: {} of the batch's messages were not sent ({}); {} were",
+                    out.failed.len(),
+                    failed.code,
+                    results.len() + out.successful.len()
+                )));
+            }
+            let mut ids: HashMap<String, String> = out.successful.into_iter().map(|s| (s.id, s.message_id)).collect();
+            for i in start..end {
+                results.push(Enqueued::Created(JobId(ids.remove(&i.to_string()).unwrap_or_default())));
+            }
+            start = end;
+        }
+        Ok(results)
+    }
+}
+
+impl Claim for SqsBackend {
+    async fn claim(&self, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+        let out = self
+            .inner
+            .client
+            .receive_message()
+            .queue_url(&self.inner.source.url)
+            .max_number_of_messages(max.clamp(1, 10) as i32)
+            .wait_time_seconds(wait.min(self.inner.max_wait).as_secs() as i32)
+            .visibility_timeout(secs(lease))
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .map_err(|e| sdk(e, "receive"))?;
+        Ok(out.messages.unwrap_or_default().into_iter().filter_map(|m| self.claimed_from(m)).collect())
+    }
+
+    async fn complete(&self, lease: &Lease) -> Result<()> {
+        self.fence(lease)?;
+        self.inner.deleter.delete(lease.token.clone()).await?;
+        self.forget(lease);
+        Ok(())
+    }
+
+    async fn retry(&self, lease: &Lease, delay: Duration, _error: &str) -> Result<()> {
+        // SQS keeps no per-attempt error: the worker logs it, and the last one travels with the
+        // message to the dead-letter queue.
+        self.set_visibility(lease, delay, "retry").await?;
+        self.forget(lease);
+        Ok(())
+    }
+
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<()> {
+        self.set_visibility(lease, by, "extend visibility").await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        // The receive count cannot be undone: the attempt stays counted.
+        self.set_visibility(lease, Duration::ZERO, "release").await?;
+        self.forget(lease);
+        Ok(())
+    }
+
+    async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<FailureRecord> {
+        let lease = &claimed.lease;
+        self.fence(lease)?;
+        let job = &claimed.job;
+        let raw =
+            self.inner.held.lock().unwrap_or_else(|p| p.into_inner()).get(&lease.job_id.0).and_then(|h| h.raw.clone());
+        let body = raw.unwrap_or_else(|| {
+            Envelope {
+                v: redrive_core::envelope::ENVELOPE_VERSION,
+                kind: job.kind.clone(),
+                key: job.key.clone(),
+                provider_key: job.provider_key,
+                cap: job.cap,
+                severity: job.severity,
+                enqueued_at: job.enqueued_at,
+                payload: job.payload.clone(),
+            }
+            .encode()
+        });
+        let now = Utc::now();
+        let mut cut = error.len().min(MAX_ERROR_LEN);
+        while !error.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let last_error = &error[..cut];
+        let attrs = HashMap::from([
+            (ATTR_KIND.to_owned(), string_attr(&job.kind)),
+            (ATTR_KEY.to_owned(), string_attr(job.key.as_str())),
+            (ATTR_PROVIDER_KEY.to_owned(), string_attr(&job.provider_key.to_string())),
+            (ATTR_ERROR.to_owned(), string_attr(last_error)),
+            (ATTR_ATTEMPTS.to_owned(), string_attr(&job.attempt.to_string())),
+            (ATTR_FAILED_AT.to_owned(), string_attr(&now.to_rfc3339_opts(SecondsFormat::Millis, true))),
+            (ATTR_SOURCE_ID.to_owned(), string_attr(&lease.job_id.0)),
+        ]);
+        let mut request = self
+            .inner
+            .client
+            .send_message()
+            .queue_url(&self.inner.dlq.url)
+            .message_body(body)
+            .set_message_attributes(Some(attrs));
+        if self.inner.dlq.fifo {
+            request = request.message_group_id(job.key.as_str()).message_deduplication_id(&lease.job_id.0);
+        }
+        let sent = request.send().await.map_err(|e| sdk(e, "send to the dead-letter queue"))?;
+        // Then off the source. Not atomic: if this delete fails, the message comes back and
+        // may be dead-lettered again; the two records share one key.
+        self.inner
+            .client
+            .delete_message()
+            .queue_url(&self.inner.source.url)
+            .receipt_handle(&lease.token)
+            .send()
+            .await
+            .map_err(|e| sdk(e, "delete the dead-lettered message"))?;
+        self.forget(lease);
+        Ok(FailureRecord {
+            id: FailureId(sent.message_id.unwrap_or_default()),
+            job_id: lease.job_id.clone(),
+            kind: job.kind.clone(),
+            key: job.key.clone(),
+            provider_key: job.provider_key,
+            payload: job.payload.clone(),
+            last_error: last_error.to_owned(),
+            errors: vec![AttemptError { attempt: job.attempt, at: now, error: last_error.to_owned() }],
+            attempts: job.attempt,
+            cap: job.cap,
+            severity: job.severity,
+            first_failed_at: now,
+            last_failed_at: now,
+            state: RecordState::Open,
+        })
+    }
+}
+
+impl DeadLetter for SqsBackend {
+    async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
+        let _reading = self.inner.scan.lock().await;
+        let records = self.records().await?;
+        let mut matching = records.into_iter().map(|(r, _, _)| r).filter(|r| query.matches(r));
+        if let Some(after) = &query.after {
+            // Skip up to and including the last record of the previous page.
+            for r in matching.by_ref() {
+                if r.id == *after {
+                    break;
+                }
+            }
+        }
+        Ok(matching.take(query.page_size()).collect())
+    }
+
+    async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
+        let _reading = self.inner.scan.lock().await;
+        self.records()
+            .await?
+            .into_iter()
+            .map(|(r, _, _)| r)
+            .find(|r| r.id == *id)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))
+    }
+
+    async fn count_open(&self) -> Result<u64> {
+        let attrs = queue_attributes(&self.inner.client, &self.inner.dlq.url).await?;
+        let count = |name: QueueAttributeName| attrs.get(&name).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        Ok(count(QueueAttributeName::ApproximateNumberOfMessages)
+            + count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            + count(QueueAttributeName::ApproximateNumberOfMessagesDelayed))
+    }
+
+    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        let _reading = self.inner.scan.lock().await;
+        let found = self.records().await?.into_iter().find(|(r, _, _)| r.id == *id);
+        let Some((mut record, queue, receipt)) = found else {
+            return Err(Error::new(ErrorKind::NotFound, format!("no failure record {id}")));
+        };
+        if queue != self.inner.dlq.url {
+            return Ok(()); // already closed
+        }
+        record.state = RecordState::Discarded { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
+        info!(record = %record.id, kind = %record.kind, key = %record.key, actor, reason, "failure record discarded");
+        self.close(&record, &receipt).await
+    }
+
+    async fn purge(&self, age: Duration) -> Result<u64> {
+        let _reading = self.inner.scan.lock().await;
+        let horizon = Utc::now() - age;
+        let mut purged = 0;
+        for (record, queue, receipt) in self.records().await? {
+            if record.last_failed_at < horizon {
+                self.inner
+                    .client
+                    .delete_message()
+                    .queue_url(&queue)
+                    .receipt_handle(receipt)
+                    .send()
+                    .await
+                    .map_err(|e| sdk(e, "purge"))?;
+                purged += 1;
+            }
+        }
+        Ok(purged)
+    }
+}
+
+impl Replay for SqsBackend {
+    async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
+        let _reading = self.inner.scan.lock().await;
+        let found = self.records().await?.into_iter().find(|(r, _, _)| r.id == *id);
+        let Some((mut record, queue, receipt)) = found else {
+            return Err(Error::new(ErrorKind::NotFound, format!("no failure record {id}")));
+        };
+        if queue != self.inner.dlq.url {
+            return Ok(ReplayOutcome::AlreadyClosed(record.state));
+        }
+        // Back to the source with the original keys and payload.
+        let mut job =
+            NewJob::new(record.kind.clone(), record.key.clone(), record.payload.clone())?.with_cap(record.cap);
+        job.provider_key = record.provider_key;
+        job.severity = record.severity;
+        let (body, attrs) = self.outgoing(&job)?;
+        let mut request = self
+            .inner
+            .client
+            .send_message()
+            .queue_url(&self.inner.source.url)
+            .message_body(body)
+            .set_message_attributes(Some(attrs));
+        if self.inner.source.fifo {
+            // Not the key: a replay within five minutes of the first send would be dropped.
+            request = request.message_group_id(job.key.as_str()).message_deduplication_id(format!("replay-{id}"));
+        }
+        let sent = request.send().await.map_err(|e| sdk(e, "replay"))?;
+        record.state = RecordState::Replayed { at: Utc::now() };
+        self.close(&record, &receipt).await?;
+        Ok(ReplayOutcome::Replayed(JobId(sent.message_id.unwrap_or_default())))
+    }
+}

@@ -1,0 +1,91 @@
+//! Where the queues are and how to reach them.
+
+use std::time::Duration;
+
+/// The SQS backend's configuration. The AWS SDK reads credentials and region from the
+/// environment as usual (`AWS_ACCESS_KEY_ID`, `AWS_REGION`, profiles, instance roles);
+/// `REDRIVE_SQS_ENDPOINT` (or [`with_endpoint`](Self::with_endpoint)) points it elsewhere,
+/// such as a local moto server.
+#[derive(Clone)]
+pub struct SqsConfig {
+    pub(crate) queue: String,
+    pub(crate) endpoint: Option<String>,
+    pub(crate) region: Option<String>,
+    pub(crate) wait: Duration,
+    pub(crate) static_credentials: Option<(String, String)>,
+}
+
+// Credentials are secrets: never printed.
+impl std::fmt::Debug for SqsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqsConfig")
+            .field("queue", &self.queue)
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqsConfig {
+    /// The source queue by name; its dead-letter queue is read from its redrive policy.
+    pub fn new(queue: impl Into<String>) -> Self {
+        Self {
+            queue: queue.into(),
+            endpoint: std::env::var("REDRIVE_SQS_ENDPOINT").ok(),
+            region: None,
+            wait: Duration::from_secs(20),
+            static_credentials: None,
+        }
+    }
+
+    /// Sends every request to `url` instead of AWS (moto, LocalStack, a VPC endpoint).
+    pub fn with_endpoint(mut self, url: impl Into<String>) -> Self {
+        self.endpoint = Some(url.into());
+        self
+    }
+
+    /// The region, when the environment does not say.
+    pub fn with_region(mut self, region: impl Into<String>) -> Self {
+        self.region = Some(region.into());
+        self
+    }
+
+    /// Fixed credentials, for local emulators (moto, LocalStack) that accept any; real
+    /// deployments should let the SDK find theirs.
+    pub fn with_static_credentials(mut self, access_key_id: impl Into<String>, secret: impl Into<String>) -> Self {
+        self.static_credentials = Some((access_key_id.into(), secret.into()));
+        self
+    }
+
+    /// The longest long poll of one receive (default and maximum 20 s).
+    pub fn with_max_wait(mut self, wait: Duration) -> Self {
+        self.wait = wait.min(Duration::from_secs(20));
+        self
+    }
+}
+
+/// The queues [`SqsBackend::setup`](crate::SqsBackend::setup) creates.
+#[derive(Debug, Clone)]
+pub struct QueueSetup {
+    /// Receives after which SQS itself moves a message to the DLQ: the safety net for workers
+    /// that crash on their last attempt. Must be at least every job's cap (default 5).
+    pub max_receive_count: u32,
+    /// How long messages are kept, on both queues (default 4 days; the DLQ never keeps less).
+    pub retention: Duration,
+    /// The largest message, envelope and attributes included (default 256 KiB, at most 1 MiB).
+    pub max_message_size: usize,
+    /// A FIFO queue pair (`.fifo` is appended to the names).
+    pub fifo: bool,
+}
+
+impl Default for QueueSetup {
+    fn default() -> Self {
+        Self {
+            max_receive_count: 5,
+            retention: Duration::from_secs(4 * 24 * 3600),
+            max_message_size: 256 * 1024,
+            fifo: false,
+        }
+    }
+}

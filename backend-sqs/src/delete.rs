@@ -1,0 +1,85 @@
+//! Batched deletes: concurrent completions share `DeleteMessageBatch` calls of up to ten.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
+use redrive_core::{Error, ErrorKind, Result};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::error::{classify, sdk};
+
+struct Request {
+    receipt: String,
+    reply: oneshot::Sender<Result<()>>,
+}
+
+pub(crate) struct Deleter {
+    tx: mpsc::UnboundedSender<Request>,
+}
+
+/// Batch calls in flight at once.
+const IN_FLIGHT: usize = 4;
+
+impl Deleter {
+    pub(crate) fn start(client: Client, queue_url: String) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(flush_loop(client, queue_url, rx));
+        Self { tx }
+    }
+
+    pub(crate) async fn delete(&self, receipt: String) -> Result<()> {
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(Request { receipt, reply }).map_err(|_| Error::temporary("the deleter stopped"))?;
+        answer.await.map_err(|_| Error::temporary("the deleter stopped"))?
+    }
+}
+
+async fn flush_loop(client: Client, url: String, mut rx: mpsc::UnboundedReceiver<Request>) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
+        let mut batch = Vec::new();
+        if rx.recv_many(&mut batch, 10).await == 0 {
+            return;
+        }
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            flush(&client, &url, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+async fn flush(client: &Client, url: &str, batch: Vec<Request>) {
+    let entries = batch.iter().enumerate().map(|(i, r)| {
+        DeleteMessageBatchRequestEntry::builder()
+            .id(i.to_string())
+            .receipt_handle(&r.receipt)
+            .build()
+            .expect("id and receipt are set")
+    });
+    match client.delete_message_batch().queue_url(url).set_entries(Some(entries.collect())).send().await {
+        Ok(out) => {
+            let failed: HashMap<String, String> = out.failed.into_iter().map(|f| (f.id, f.code)).collect();
+            for (i, r) in batch.into_iter().enumerate() {
+                let answer = match failed.get(&i.to_string()) {
+                    None => Ok(()),
+                    Some(code) => {
+                        let (kind, retry) = classify(Some(code));
+                        Err(Error::new(kind, format!("sqs: delete ({code})")).with_retry(retry))
+                    }
+                };
+                let _ = r.reply.send(answer);
+            }
+        }
+        Err(e) => {
+            let e = sdk(e, "delete batch");
+            for r in batch {
+                let kind = if e.kind() == ErrorKind::LeaseLost { ErrorKind::LeaseLost } else { ErrorKind::Backend };
+                let _ = r.reply.send(Err(Error::new(kind, e.to_string()).with_retry(e.retry())));
+            }
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! Amazon SQS backend for [redrive](https://docs.rs/redrive).
+//!
+//! The source queue carries each job as a [JSON envelope](redrive_core::Envelope), with its
+//! kind, key and provider key repeated as message attributes. The attempt is SQS's
+//! `ApproximateReceiveCount`; the lease is the visibility timeout and the receipt handle.
+//!
+//! | ability | how |
+//! |---|---|
+//! | enqueue | `SendMessage` / `SendMessageBatch` (≤ 10); FIFO: group and deduplication id from the key |
+//! | dedupe | standard queues: none at enqueue, the effect ledger dedupes; FIFO: SQS's 5-minute window |
+//! | claim | `ReceiveMessage`, long polling, ≤ 10 at a time |
+//! | complete | batched `DeleteMessageBatch`, shared by concurrent completions |
+//! | retry, heartbeat, release | `ChangeMessageVisibility` |
+//! | dead letter | the worker sends the message to the DLQ with the error, attempts and time as attributes, then deletes it; the redrive policy's `maxReceiveCount` is the safety net for crashes |
+//! | failure records | the DLQ's messages, read without consuming them; closed records (replayed or discarded, with reason and actor) in `<dlq>-audit` |
+//! | replay | send back to the source with the original keys, then close the record |
+//! | effect ledger | not here: pass your database's (e.g. `redrive-postgres`) to the worker |
+//!
+//! Start-up refuses a queue without a redrive policy, a missing DLQ or audit queue, and a DLQ
+//! that keeps messages for less time than the source; enqueue refuses a job whose cap is above
+//! the policy's `maxReceiveCount`, and a message over the queue's `MaximumMessageSize`.
+
+mod backend;
+mod config;
+mod delete;
+mod error;
+
+pub use backend::SqsBackend;
+pub use config::{QueueSetup, SqsConfig};
