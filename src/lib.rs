@@ -9,3 +9,10 @@ pub use redrive_core::*;
 pub mod postgres {
     pub use redrive_postgres::*;
 }
+
+/// Amazon SQS: a redrive policy and DLQ, dead-lettering with the error, redrive back.
+#[cfg(feature = "sqs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
+pub mod sqs {
+    pub use redrive_sqs::*;
+}

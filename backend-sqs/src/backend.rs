@@ -63,7 +63,13 @@ struct Held {
     receipt: String,
     /// The body as received, kept only when it was not a redrive envelope.
     raw: Option<String>,
+    received: std::time::Instant,
 }
+
+/// Past this many held messages, entries older than [`HELD_FOR`] are dropped: a message retried
+/// here and finished by another process would otherwise stay forever.
+const HELD_MAX: usize = 10_000;
+const HELD_FOR: Duration = Duration::from_secs(15 * 60);
 
 #[derive(Debug, Clone)]
 struct QueueInfo {
@@ -249,6 +255,11 @@ impl SqsBackend {
         self.inner.requests.load(Ordering::Relaxed)
     }
 
+    /// The source queue's URL.
+    pub fn queue_url(&self) -> &str {
+        &self.inner.source.url
+    }
+
     /// The largest message the source queue accepts, envelope and attributes included.
     pub fn max_message_size(&self) -> usize {
         self.inner.source.max_message_size
@@ -362,11 +373,12 @@ impl SqsBackend {
                 Some(body),
             ),
         };
-        self.inner
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone(), Held { receipt: receipt.clone(), raw });
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.len() >= HELD_MAX {
+            held.retain(|_, h| h.received.elapsed() < HELD_FOR);
+        }
+        held.insert(id.clone(), Held { receipt: receipt.clone(), raw, received: std::time::Instant::now() });
+        drop(held);
         Some(Claimed { job, lease: Lease { job_id: JobId(id), token: receipt } })
     }
 
@@ -640,9 +652,8 @@ impl Claim for SqsBackend {
     async fn retry(&self, lease: &Lease, delay: Duration, _error: &str) -> Result<()> {
         // SQS keeps no per-attempt error: the worker logs it, and the last one travels with the
         // message to the dead-letter queue.
-        self.set_visibility(lease, delay, "retry").await?;
-        self.forget(lease);
-        Ok(())
+        // The entry stays: this receipt fences an older one until the message is deleted.
+        self.set_visibility(lease, delay, "retry").await
     }
 
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<()> {
@@ -651,9 +662,7 @@ impl Claim for SqsBackend {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         // The receive count cannot be undone: the attempt stays counted.
-        self.set_visibility(lease, Duration::ZERO, "release").await?;
-        self.forget(lease);
-        Ok(())
+        self.set_visibility(lease, Duration::ZERO, "release").await
     }
 
     async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<FailureRecord> {

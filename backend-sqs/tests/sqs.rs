@@ -1,0 +1,217 @@
+//! What only SQS does: visibility expiring under a running handler, the redrive policy as the
+//! safety net, redrive back, and the start-up checks that refuse a setup that loses data.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use redrive_core::{
+    Claim, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob, Replay,
+    ReplayOutcome, RunningWorker, Worker, WorkerConfig,
+};
+use redrive_postgres::PgBackend;
+use redrive_sqs::{QueueSetup, SqsBackend};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Ship {
+    parcel: u32,
+}
+
+impl Job for Ship {
+    const KIND: &'static str = "ship";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("parcel", self.parcel)
+    }
+}
+
+fn ship(parcel: u32) -> NewJob {
+    NewJob::from_job(&Ship { parcel }).unwrap()
+}
+
+type Effects = Arc<Mutex<Vec<(u32, u32)>>>;
+
+fn worker(
+    queue: &SqsBackend,
+    ledger: &PgBackend,
+    config: WorkerConfig,
+    took: Duration,
+    effects: &Effects,
+) -> RunningWorker {
+    let effects = Arc::clone(effects);
+    Worker::builder(queue.clone(), ledger.clone())
+        .config(config)
+        .handle::<Ship>(move |job: Ship, ctx: JobContext| {
+            let effects = Arc::clone(&effects);
+            async move {
+                tokio::time::sleep(took).await;
+                effects.lock().unwrap().push((job.parcel, ctx.attempt));
+                Ok::<_, JobError>(())
+            }
+        })
+        .build()
+        .start()
+}
+
+async fn wait_for(what: &str, secs: u64, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !done().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn queue_empty(queue: &SqsBackend) -> bool {
+    queue.claim(10, Duration::ZERO, Duration::ZERO).await.unwrap().is_empty()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn visibility_expiring_mid_handler_without_heartbeat_gives_one_effect_and_a_lost_lease() {
+    let (queue, ledger) = (common::queue("vis", QueueSetup::default()).await, common::ledger().await);
+    queue.enqueue(ship(1)).await.unwrap();
+    let effects = Effects::default();
+    let config = WorkerConfig {
+        lease: Duration::from_secs(1),
+        heartbeat: None,
+        poll: Duration::from_secs(1),
+        ..WorkerConfig::default()
+    };
+    let w = worker(&queue, &ledger, config, Duration::from_millis(2500), &effects);
+    wait_for("the redelivery to be skipped", 30, async || w.stats().skipped == 1).await;
+    let stats = w.shutdown().await;
+    assert_eq!(effects.lock().unwrap().len(), 1, "one effect although the message came back mid-handler");
+    assert!(stats.deferred >= 1, "the redelivery waited for the running attempt: {stats:?}");
+    assert_eq!(stats.lease_lost, 1, "the first attempt's late delete is refused: {stats:?}");
+    assert!(queue_empty(&queue).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_keeps_a_long_handler_from_being_redelivered() {
+    let (queue, ledger) = (common::queue("beat", QueueSetup::default()).await, common::ledger().await);
+    queue.enqueue(ship(2)).await.unwrap();
+    let effects = Effects::default();
+    let config = WorkerConfig {
+        lease: Duration::from_secs(1),
+        heartbeat: Some(Duration::from_millis(300)),
+        poll: Duration::from_secs(1),
+        ..WorkerConfig::default()
+    };
+    let w = worker(&queue, &ledger, config, Duration::from_millis(2500), &effects);
+    wait_for("the effect", 30, async || !effects.lock().unwrap().is_empty()).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let stats = w.shutdown().await;
+    assert_eq!((stats.claimed, stats.deferred, stats.lease_lost, stats.succeeded), (1, 0, 0, 1), "{stats:?}");
+    assert!(queue_empty(&queue).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_on_the_last_attempt_is_left_to_the_redrive_policy_and_still_reads_as_a_record() {
+    let queue = common::queue("crash", QueueSetup { max_receive_count: 2, ..QueueSetup::default() }).await;
+    let job = ship(3).with_cap(2);
+    queue.enqueue(job.clone()).await.unwrap();
+    for attempt in 1..=2 {
+        let got = queue.claim(1, Duration::from_secs(1), Duration::from_secs(5)).await.unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].job.attempt, attempt);
+        // The worker dies: nothing settles the message.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
+    // The third receive finds the count at maxReceiveCount: SQS moves the message itself.
+    assert!(queue.claim(1, Duration::from_secs(1), Duration::from_secs(1)).await.unwrap().is_empty());
+    let records = queue.list(&FailureQuery::open()).await.unwrap();
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_eq!((&r.key, &r.payload, r.provider_key), (&job.key, &job.payload, job.provider_key));
+    assert!(r.last_error.contains("redrive policy"), "{}", r.last_error);
+    assert_eq!(r.attempts, 2);
+    assert_eq!(queue.count_open().await.unwrap(), 1, "listing did not consume it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redrive_back_sends_a_new_message_and_the_effect_happens_once() {
+    let (queue, ledger) = (common::queue("back", QueueSetup::default()).await, common::ledger().await);
+    let job = ship(4);
+    let first = queue.enqueue(job.clone()).await.unwrap();
+    let claimed = queue.claim(1, Duration::from_secs(30), Duration::from_secs(5)).await.unwrap().remove(0);
+    let record = queue.dead_letter(&claimed, "carrier rejected the label").await.unwrap();
+    let outcome = queue.replay(&record.id).await.unwrap();
+    let ReplayOutcome::Replayed(new_id) = outcome else { panic!("{outcome:?}") };
+    assert_ne!(&new_id, first.id(), "a redrive is a new message");
+    queue.replay(&record.id).await.unwrap(); // closed: nothing more is sent
+    let effects = Effects::default();
+    let w = worker(&queue, &ledger, WorkerConfig::default(), Duration::ZERO, &effects);
+    wait_for("the effect", 30, async || !effects.lock().unwrap().is_empty()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    w.shutdown().await;
+    assert_eq!(*effects.lock().unwrap(), [(4, 1)]);
+    assert_eq!(queue.count_open().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_is_not_an_envelope_becomes_a_record_with_the_body_kept() {
+    let (queue, ledger) = (common::queue("junk", QueueSetup::default()).await, common::ledger().await);
+    let client = common::raw_client().await;
+    client.send_message().queue_url(queue.queue_url()).message_body("<order>42</order>").send().await.unwrap();
+    let w = worker(&queue, &ledger, WorkerConfig::default(), Duration::ZERO, &Effects::default());
+    wait_for("the record", 30, async || queue.count_open().await.unwrap() == 1).await;
+    w.shutdown().await;
+    let r = queue.list(&FailureQuery::open()).await.unwrap().remove(0);
+    assert_eq!(r.payload, serde_json::json!("<order>42</order>"));
+    assert_eq!(r.attempts, 1);
+}
+
+#[tokio::test]
+async fn setups_that_lose_data_are_refused_at_start() {
+    let client = common::raw_client().await;
+    // No redrive policy at all.
+    let plain = common::name("plain");
+    client.create_queue().queue_name(&plain).send().await.unwrap();
+    let err = SqsBackend::connect(common::config(&plain)).await.unwrap_err();
+    assert!(err.kind() == ErrorKind::Config && err.message().contains("redrive policy"), "{err}");
+
+    // A DLQ that forgets sooner than the source.
+    let short = common::name("short");
+    let dlq = client
+        .create_queue()
+        .queue_name(format!("{short}-dlq"))
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "60")
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let arn = client
+        .get_queue_attributes()
+        .queue_url(&dlq)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap()
+        .remove(&QueueAttributeName::QueueArn)
+        .unwrap();
+    let policy = serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": 5}).to_string();
+    client
+        .create_queue()
+        .queue_name(&short)
+        .attributes(QueueAttributeName::RedrivePolicy, policy)
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "345600")
+        .send()
+        .await
+        .unwrap();
+    let err = SqsBackend::connect(common::config(&short)).await.unwrap_err();
+    assert!(err.kind() == ErrorKind::Config && err.message().contains("less than the source"), "{err}");
+
+    // A cap above maxReceiveCount is refused at enqueue, before anything is sent.
+    let queue = common::queue("cap", QueueSetup { max_receive_count: 3, ..QueueSetup::default() }).await;
+    let err = queue.enqueue(ship(5).with_cap(4)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(queue_empty(&queue).await);
+
+    // Names SQS would refuse.
+    let err = SqsBackend::connect(common::config("no spaces allowed")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidName);
+}
