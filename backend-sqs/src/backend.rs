@@ -625,13 +625,14 @@ impl Enqueue for SqsBackend {
 
 impl Claim for SqsBackend {
     async fn claim(&self, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+        let long_poll = wait.min(self.inner.max_wait);
         let out = self
             .inner
             .client
             .receive_message()
             .queue_url(&self.inner.source.url)
             .max_number_of_messages(max.clamp(1, 10) as i32)
-            .wait_time_seconds(wait.min(self.inner.max_wait).as_secs() as i32)
+            .wait_time_seconds(long_poll.as_secs() as i32)
             .visibility_timeout(secs(lease))
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
@@ -639,7 +640,13 @@ impl Claim for SqsBackend {
             .send()
             .await
             .map_err(|e| sdk(e, "receive"))?;
-        Ok(out.messages.unwrap_or_default().into_iter().filter_map(|m| self.claimed_from(m)).collect())
+        let claimed: Vec<_> =
+            out.messages.unwrap_or_default().into_iter().filter_map(|m| self.claimed_from(m)).collect();
+        if claimed.is_empty() && long_poll < wait {
+            // Short polling: honour the caller's wait here rather than have it ask again at once.
+            tokio::time::sleep(wait - long_poll).await;
+        }
+        Ok(claimed)
     }
 
     async fn complete(&self, lease: &Lease) -> Result<()> {

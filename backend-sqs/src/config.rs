@@ -58,7 +58,10 @@ impl SqsConfig {
         self
     }
 
-    /// The longest long poll of one receive (default and maximum 20 s).
+    /// The longest long poll of one receive (default and maximum 20 s). `Duration::ZERO` turns
+    /// long polling off: an empty receive then waits out the worker's poll interval before the
+    /// next one. (moto holds a long poll for its whole wait even when messages are ready, so the
+    /// tests use short polling.)
     pub fn with_max_wait(mut self, wait: Duration) -> Self {
         self.wait = wait.min(Duration::from_secs(20));
         self

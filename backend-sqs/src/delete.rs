@@ -21,6 +21,8 @@ pub(crate) struct Deleter {
 
 /// Batch calls in flight at once.
 const IN_FLIGHT: usize = 4;
+/// The longest a completion waits for others to share its delete call.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(25);
 
 impl Deleter {
     pub(crate) fn start(client: Client, queue_url: String) -> Self {
@@ -43,6 +45,15 @@ async fn flush_loop(client: Client, url: String, mut rx: mpsc::UnboundedReceiver
         let mut batch = Vec::new();
         if rx.recv_many(&mut batch, 10).await == 0 {
             return;
+        }
+        // Requests are what SQS bills: give a burst of completions a moment to fill the batch.
+        let linger = tokio::time::Instant::now() + LINGER;
+        while batch.len() < 10 {
+            let room = 10 - batch.len();
+            match tokio::time::timeout_at(linger, rx.recv_many(&mut batch, room)).await {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
         }
         let (client, url) = (client.clone(), url.clone());
         tokio::spawn(async move {

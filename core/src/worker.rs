@@ -351,13 +351,12 @@ async fn claimer<Q: Claim + 'static, L: Ledger + 'static>(
 ) {
     let mut failures = 0u32;
     while !stop.is_cancelled() {
+        // Wait for room for a whole batch: claiming whatever little room there is would turn
+        // one full claim into many small ones (each an API request on SQS).
+        let want = shared.config.batch.max(1);
         tokio::select! {
-            permit = room.acquire() => permit.expect("the semaphore is never closed").forget(),
+            permits = room.acquire_many(want as u32) => permits.expect("the semaphore is never closed").forget(),
             () = stop.cancelled() => break,
-        }
-        let mut want = 1;
-        while want < shared.config.batch && room.try_acquire().map(|p| p.forget()).is_ok() {
-            want += 1;
         }
         let claimed = match shared.queue.claim(want, shared.config.lease, shared.config.poll).await {
             Ok(claimed) => {

@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use redrive_postgres::{PgBackend, PgConfig};
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
@@ -21,7 +22,11 @@ pub fn name(label: &str) -> String {
 
 /// moto accepts any credentials; the SDK still wants some.
 pub fn config(name: &str) -> SqsConfig {
-    SqsConfig::new(name).with_endpoint(endpoint()).with_region("us-east-1").with_static_credentials("test", "test")
+    SqsConfig::new(name)
+        .with_endpoint(endpoint())
+        .with_region("us-east-1")
+        .with_static_credentials("test", "test")
+        .with_max_wait(Duration::ZERO)
 }
 
 pub async fn queue(label: &str, setup: QueueSetup) -> SqsBackend {

@@ -1,0 +1,105 @@
+//! SQS API requests per job at steady state, counted at the HTTP layer (an SDK interceptor
+//! counts every transmitted request, retries included).
+//!
+//! Run (moto and PostgreSQL from `scripts/services`):
+//! `eval "$(scripts/services env)" && cargo bench -p redrive-sqs --bench requests`
+//!
+//! The floor with batches of ten is 0.3: one send, one receive and one delete per ten jobs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redrive_core::{Enqueue, Job, JobContext, JobError, KeyBuilder, NewJob, Worker, WorkerConfig};
+use redrive_postgres::{PgBackend, PgConfig};
+use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
+use serde::{Deserialize, Serialize};
+
+const JOBS: u64 = 2000;
+/// Jobs sent before the worker starts, so it never begins on an empty queue.
+const PREFILL: u64 = 500;
+
+#[derive(Serialize, Deserialize)]
+struct Noop {
+    n: u64,
+}
+
+impl Job for Noop {
+    const KIND: &'static str = "noop";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("n", self.n)
+    }
+}
+
+type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+#[tokio::main]
+async fn main() -> BoxResult<()> {
+    let endpoint = std::env::var("REDRIVE_SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".into());
+    let name = format!("rdbench-{}", std::process::id());
+    // Short polling: moto holds a long poll for its whole wait even when messages are ready.
+    let config = SqsConfig::new(&name)
+        .with_endpoint(endpoint)
+        .with_region("us-east-1")
+        .with_static_credentials("test", "test")
+        .with_max_wait(Duration::ZERO);
+    let queue = SqsBackend::setup(config.clone(), QueueSetup::default()).await?;
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = format!("rdbench_sqs_{}", std::process::id());
+    let ledger = PgBackend::connect(PgConfig::new(url).with_schema(&schema)).await?;
+    ledger.migrate().await?;
+
+    // A producer keeps a backlog of at most a few hundred messages while the worker drains it:
+    // steady state, and moto slows down badly on deep queues. Each side has its own client, so
+    // each request counter sees only its own calls.
+    let producer = queue;
+    let consumer = SqsBackend::connect(config.clone()).await?;
+    let done = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&done);
+    // Batches of ten, what one receive and one delete call can carry; two receives in flight
+    // keep the worker fed without extra empty polls.
+    let worker_config = WorkerConfig { batch: 10, claimers: 2, ..WorkerConfig::default() };
+    let (sends_before, work_before) = (producer.request_count(), consumer.request_count());
+    let prefill: Vec<NewJob> = (0..PREFILL).map(|n| NewJob::from_job(&Noop { n })).collect::<Result<_, _>>()?;
+    producer.enqueue_batch(prefill).await?;
+    let started = Instant::now();
+    let worker = Worker::builder(consumer.clone(), ledger.clone())
+        .config(worker_config)
+        .handle::<Noop>(move |_job: Noop, _ctx: JobContext| {
+            let counter = Arc::clone(&counter);
+            async move {
+                counter.fetch_add(1, Ordering::Relaxed);
+                Ok::<_, JobError>(())
+            }
+        })
+        .build()
+        .start();
+    for chunk in (PREFILL..JOBS).collect::<Vec<_>>().chunks(100) {
+        while chunk[0] > done.load(Ordering::Relaxed) + 600 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let jobs: Vec<NewJob> = chunk.iter().map(|&n| NewJob::from_job(&Noop { n })).collect::<Result<_, _>>()?;
+        producer.enqueue_batch(jobs).await?;
+    }
+    while done.load(Ordering::Relaxed) < JOBS {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed();
+    // Counted the moment the last job ran: its delete may still be in flight.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (sends, work) = (producer.request_count() - sends_before, consumer.request_count() - work_before);
+    worker.shutdown().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE"))).execute(ledger.pool()).await?;
+
+    let per = |n: u64| n as f64 / JOBS as f64;
+    println!("# redrive-sqs: API requests per job ({JOBS} jobs, batches of 10, 2 claimers, moto)");
+    println!();
+    println!("| phase | requests | per job |");
+    println!("|---|---:|---:|");
+    println!("| producer: SendMessageBatch | {sends} | {:.3} |", per(sends));
+    println!("| worker: receive + delete (+ the partial receives at start and end) | {work} | {:.3} |", per(work));
+    println!("| total | {} | {:.3} |", sends + work, per(sends + work));
+    println!();
+    println!("floor: 0.300 per job; worker drained {JOBS} jobs in {:.2} s", elapsed.as_secs_f64());
+    Ok(())
+}
