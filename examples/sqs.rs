@@ -87,7 +87,9 @@ async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let name = format!("redrive-example-{}", std::process::id());
+    // A queue of its own on every run (moto keeps queues for as long as it runs).
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.subsec_nanos();
+    let name = format!("redrive-example-{}-{nanos:x}", std::process::id());
     let config = SqsConfig::new(&name).with_static_credentials("test", "test").with_region("us-east-1");
     let queue = SqsBackend::setup(config, QueueSetup::default()).await?;
     let ledger = PgBackend::connect(PgConfig::from_env()?.with_schema("redrive_example_sqs")).await?;

@@ -36,7 +36,9 @@ type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 #[tokio::main]
 async fn main() -> BoxResult<()> {
     let endpoint = std::env::var("REDRIVE_SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".into());
-    let name = format!("rdbench-{}", std::process::id());
+    // Unique across runs: moto keeps queues for as long as it runs, and process ids repeat.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.subsec_nanos();
+    let name = format!("rdbench-{}-{nanos:x}", std::process::id());
     // Short polling: moto holds a long poll for its whole wait even when messages are ready.
     let config = SqsConfig::new(&name)
         .with_endpoint(endpoint)

@@ -297,6 +297,24 @@ impl SqsBackend {
         Ok((body, attrs))
     }
 
+    /// Sends one job to the source queue; on FIFO queues its group is its key (no head-of-line
+    /// blocking across effects) and `dedupe` its deduplication id.
+    async fn send(&self, job: &NewJob, dedupe: String, what: &str) -> Result<JobId> {
+        let (body, attrs) = self.outgoing(job)?;
+        let mut request = self
+            .inner
+            .client
+            .send_message()
+            .queue_url(&self.inner.source.url)
+            .message_body(body)
+            .set_message_attributes(Some(attrs));
+        if self.inner.source.fifo {
+            request = request.message_group_id(job.key.as_str()).message_deduplication_id(dedupe);
+        }
+        let out = request.send().await.map_err(|e| sdk(e, what))?;
+        Ok(JobId(out.message_id.unwrap_or_default()))
+    }
+
     fn fence(&self, lease: &Lease) -> Result<()> {
         let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         match held.get(&lease.job_id.0) {
@@ -335,43 +353,20 @@ impl SqsBackend {
         let attempt =
             system.get(&MessageSystemAttributeName::ApproximateReceiveCount).and_then(|v| v.parse().ok()).unwrap_or(1);
         let sent = sent_at(&system);
-        let attrs = m.message_attributes.unwrap_or_default();
-        let attr = |name: &str| attrs.get(name).and_then(|v| v.string_value()).map(str::to_owned);
-        let (job, raw) = match Envelope::decode(body.as_bytes()) {
-            Ok(env) => (
-                JobRecord {
-                    id: JobId(id.clone()),
-                    kind: env.kind,
-                    key: env.key,
-                    provider_key: env.provider_key,
-                    payload: env.payload,
-                    attempt,
-                    cap: env.cap,
-                    severity: env.severity,
-                    enqueued_at: env.enqueued_at,
-                },
-                None,
-            ),
-            // Not an envelope: hand it over as it is, so the worker records it as a failure
-            // that does not decode, with the body kept for a person to read.
-            Err(_) => (
-                JobRecord {
-                    id: JobId(id.clone()),
-                    kind: attr(ATTR_KIND).unwrap_or_else(|| "unknown".into()),
-                    key: attr(ATTR_KEY)
-                        .and_then(|k| IdempotencyKey::parse(k).ok())
-                        .unwrap_or_else(|| IdempotencyKey::parse(format!("sqs:message={id}")).expect("a valid key")),
-                    provider_key: attr(ATTR_PROVIDER_KEY)
-                        .and_then(|p| p.parse().ok())
-                        .map_or_else(ProviderKey::mint, ProviderKey::from_uuid),
-                    payload: Value::String(body.clone()),
-                    attempt,
-                    cap: 1,
-                    severity: Severity::Error,
-                    enqueued_at: sent,
-                },
-                Some(body),
-            ),
+        let (env, decoded) = carried_job(&id, &body, m.message_attributes.as_ref(), sent);
+        // Not an envelope: handed over as it is, so the worker records a failure that does not
+        // decode, with the body kept for a person to read.
+        let raw = (!decoded).then_some(body);
+        let job = JobRecord {
+            id: JobId(id.clone()),
+            kind: env.kind,
+            key: env.key,
+            provider_key: env.provider_key,
+            payload: env.payload,
+            attempt,
+            cap: env.cap,
+            severity: env.severity,
+            enqueued_at: env.enqueued_at,
         };
         let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         if held.len() >= HELD_MAX {
@@ -459,33 +454,19 @@ impl SqsBackend {
         let last_error = attr(ATTR_ERROR).unwrap_or_else(|| {
             format!("moved to the dead-letter queue by the redrive policy after {attempts} receives; no worker recorded an error")
         });
-        let (kind, key, provider_key, payload, cap, severity) = match Envelope::decode(body.as_bytes()) {
-            Ok(env) => (env.kind, env.key, env.provider_key, env.payload, env.cap, env.severity),
-            Err(_) => (
-                attr(ATTR_KIND).unwrap_or_else(|| "unknown".into()),
-                attr(ATTR_KEY)
-                    .and_then(|k| IdempotencyKey::parse(k).ok())
-                    .unwrap_or_else(|| IdempotencyKey::parse(format!("sqs:message={id}")).expect("a valid key")),
-                attr(ATTR_PROVIDER_KEY)
-                    .and_then(|p| p.parse().ok())
-                    .map_or_else(ProviderKey::mint, ProviderKey::from_uuid),
-                Value::String(body.to_owned()),
-                1,
-                Severity::Error,
-            ),
-        };
+        let (env, _) = carried_job(&id, body, attrs, failed_at);
         FailureRecord {
             id: FailureId(id.clone()),
             job_id: JobId(attr(ATTR_SOURCE_ID).unwrap_or(id)),
-            kind,
-            key,
-            provider_key,
-            payload,
+            kind: env.kind,
+            key: env.key,
+            provider_key: env.provider_key,
+            payload: env.payload,
             last_error: last_error.clone(),
             errors: vec![AttemptError { attempt: attempts, at: failed_at, error: last_error }],
             attempts,
-            cap,
-            severity,
+            cap: env.cap,
+            severity: env.severity,
             first_failed_at: failed_at,
             last_failed_at: failed_at,
             state: RecordState::Open,
@@ -513,6 +494,36 @@ impl SqsBackend {
             .map_err(|e| sdk(e, "delete the dead letter"))?;
         Ok(())
     }
+}
+
+/// The job a message carries: its envelope, or, for a body that is not one, a stand-in made of
+/// the attributes (or the message id) with the body as its payload and a cap of 1. The flag
+/// says whether the body decoded.
+fn carried_job(
+    id: &str,
+    body: &str,
+    attrs: Option<&HashMap<String, MessageAttributeValue>>,
+    sent: DateTime<Utc>,
+) -> (Envelope, bool) {
+    if let Ok(env) = Envelope::decode(body.as_bytes()) {
+        return (env, true);
+    }
+    let attr = |name: &str| attrs.and_then(|a| a.get(name)).and_then(|v| v.string_value()).map(str::to_owned);
+    let stand_in = Envelope {
+        v: redrive_core::envelope::ENVELOPE_VERSION,
+        kind: attr(ATTR_KIND).unwrap_or_else(|| "unknown".into()),
+        key: attr(ATTR_KEY)
+            .and_then(|k| IdempotencyKey::parse(k).ok())
+            .unwrap_or_else(|| IdempotencyKey::parse(format!("sqs:message={id}")).expect("a valid key")),
+        provider_key: attr(ATTR_PROVIDER_KEY)
+            .and_then(|p| p.parse().ok())
+            .map_or_else(ProviderKey::mint, ProviderKey::from_uuid),
+        cap: 1,
+        severity: Severity::Error,
+        enqueued_at: sent,
+        payload: Value::String(body.to_owned()),
+    };
+    (stand_in, false)
 }
 
 fn sent_at(system: &HashMap<MessageSystemAttributeName, String>) -> DateTime<Utc> {
@@ -551,21 +562,9 @@ async fn create_queue(client: &Client, name: &str, attrs: &[(QueueAttributeName,
 
 impl Enqueue for SqsBackend {
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        let (body, attrs) = self.outgoing(&job)?;
-        let mut request = self
-            .inner
-            .client
-            .send_message()
-            .queue_url(&self.inner.source.url)
-            .message_body(body)
-            .set_message_attributes(Some(attrs));
-        if self.inner.source.fifo {
-            // One group per effect (no head-of-line blocking across keys); SQS drops a copy with
-            // the same key for five minutes.
-            request = request.message_group_id(job.key.as_str()).message_deduplication_id(job.key.as_str());
-        }
-        let out = request.send().await.map_err(|e| sdk(e, "send"))?;
-        Ok(Enqueued::Created(JobId(out.message_id.unwrap_or_default())))
+        // FIFO: SQS drops a copy with the same key for five minutes.
+        let dedupe = job.key.to_string();
+        Ok(Enqueued::Created(self.send(&job, dedupe, "send").await?))
     }
 
     async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
@@ -831,21 +830,42 @@ impl Replay for SqsBackend {
             NewJob::new(record.kind.clone(), record.key.clone(), record.payload.clone())?.with_cap(record.cap);
         job.provider_key = record.provider_key;
         job.severity = record.severity;
-        let (body, attrs) = self.outgoing(&job)?;
-        let mut request = self
-            .inner
-            .client
-            .send_message()
-            .queue_url(&self.inner.source.url)
-            .message_body(body)
-            .set_message_attributes(Some(attrs));
-        if self.inner.source.fifo {
-            // Not the key: a replay within five minutes of the first send would be dropped.
-            request = request.message_group_id(job.key.as_str()).message_deduplication_id(format!("replay-{id}"));
-        }
-        let sent = request.send().await.map_err(|e| sdk(e, "replay"))?;
+        // FIFO: not the key, or a replay within five minutes of the first send would be dropped.
+        let sent = self.send(&job, format!("replay-{id}"), "replay").await?;
         record.state = RecordState::Replayed { at: Utc::now() };
         self.close(&record, &receipt).await?;
-        Ok(ReplayOutcome::Replayed(JobId(sent.message_id.unwrap_or_default())))
+        Ok(ReplayOutcome::Replayed(sent))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_names_follow_sqs_rules() {
+        for ok in ["jobs", "jobs-dlq", "a_b-9.fifo", &"q".repeat(80)] {
+            assert!(check_queue_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".fifo", "with space", "dots.in.name", &"q".repeat(81)] {
+            assert_eq!(check_queue_name(bad).unwrap_err().kind(), ErrorKind::InvalidName, "{bad}");
+        }
+        assert_eq!(audit_name("jobs-dlq.fifo"), "jobs-dlq-audit");
+    }
+
+    #[test]
+    fn a_body_that_is_not_an_envelope_is_carried_as_it_is() {
+        let (env, decoded) = carried_job("m-1", "<xml/>", None, Utc::now());
+        assert!(!decoded);
+        assert_eq!((env.key.as_str(), env.cap), ("sqs:message=m-1", 1));
+        assert_eq!(env.payload, Value::String("<xml/>".into()));
+    }
+
+    #[test]
+    fn sdk_error_codes_map_to_kinds() {
+        use crate::error::classify;
+        assert_eq!(classify(Some("ReceiptHandleIsInvalid")).0, ErrorKind::LeaseLost);
+        assert_eq!(classify(Some("AWS.SimpleQueueService.NonExistentQueue")).0, ErrorKind::NotFound);
+        assert_eq!(classify(Some("RequestThrottled")).1, redrive_core::Retry::Temporary);
     }
 }

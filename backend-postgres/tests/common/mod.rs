@@ -37,7 +37,10 @@ async fn drop_stale_schemas(pool: &sqlx::PgPool) {
 
 /// A migrated backend on a schema of its own, with quick sweeps for the lease tests.
 pub async fn backend(label: &str) -> PgBackend {
-    let schema = format!("rdt_{}_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed), label);
+    // The time makes it unique across runs too (process ids repeat).
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let schema = format!("rdt_{}_{n}_{nanos:x}_{label}", std::process::id());
     let config = PgConfig::new(database_url())
         .with_schema(schema)
         .with_max_connections(6)

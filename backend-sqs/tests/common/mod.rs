@@ -15,9 +15,15 @@ pub fn endpoint() -> String {
     std::env::var("REDRIVE_SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".into())
 }
 
+/// Unique across runs too: moto keeps queues for as long as it runs, and process ids repeat.
+fn unique() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    format!("{}-{}-{nanos:x}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
 /// A unique queue name for this test.
 pub fn name(label: &str) -> String {
-    format!("rdt-{}-{}-{label}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!("rdt-{}-{label}", unique())
 }
 
 /// moto accepts any credentials; the SDK still wants some.
@@ -48,7 +54,7 @@ pub async fn raw_client() -> aws_sdk_sqs::Client {
 
 pub async fn ledger() -> PgBackend {
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let schema = format!("rdt_{}_sqs{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+    let schema = format!("rdt_{}_sqs", unique().replace('-', "_"));
     let ledger = PgBackend::connect(PgConfig::new(url).with_schema(schema).with_max_connections(3))
         .await
         .expect("PostgreSQL is required for the effect ledger (run scripts/test)");
