@@ -301,15 +301,28 @@ impl SqsBackend {
     /// blocking across effects) and `dedupe` its deduplication id.
     async fn send(&self, job: &NewJob, dedupe: String, what: &str) -> Result<JobId> {
         let (body, attrs) = self.outgoing(job)?;
+        self.send_to(&self.inner.source, body, attrs, &job.key, dedupe, what).await
+    }
+
+    /// Sends one message to `queue`, grouped by `key` and deduplicated by `dedupe` on FIFO.
+    async fn send_to(
+        &self,
+        queue: &QueueInfo,
+        body: String,
+        attrs: HashMap<String, MessageAttributeValue>,
+        key: &IdempotencyKey,
+        dedupe: String,
+        what: &str,
+    ) -> Result<JobId> {
         let mut request = self
             .inner
             .client
             .send_message()
-            .queue_url(&self.inner.source.url)
+            .queue_url(&queue.url)
             .message_body(body)
             .set_message_attributes(Some(attrs));
-        if self.inner.source.fifo {
-            request = request.message_group_id(job.key.as_str()).message_deduplication_id(dedupe);
+        if queue.fifo {
+            request = request.message_group_id(key.as_str()).message_deduplication_id(dedupe);
         }
         let out = request.send().await.map_err(|e| sdk(e, what))?;
         Ok(JobId(out.message_id.unwrap_or_default()))
@@ -705,17 +718,9 @@ impl Claim for SqsBackend {
             (ATTR_FAILED_AT.to_owned(), string_attr(&now.to_rfc3339_opts(SecondsFormat::Millis, true))),
             (ATTR_SOURCE_ID.to_owned(), string_attr(&lease.job_id.0)),
         ]);
-        let mut request = self
-            .inner
-            .client
-            .send_message()
-            .queue_url(&self.inner.dlq.url)
-            .message_body(body)
-            .set_message_attributes(Some(attrs));
-        if self.inner.dlq.fifo {
-            request = request.message_group_id(job.key.as_str()).message_deduplication_id(&lease.job_id.0);
-        }
-        let sent = request.send().await.map_err(|e| sdk(e, "send to the dead-letter queue"))?;
+        let record_id = self
+            .send_to(&self.inner.dlq, body, attrs, &job.key, lease.job_id.0.clone(), "send to the dead-letter queue")
+            .await?;
         // Then off the source. Not atomic: if this delete fails, the message comes back and
         // may be dead-lettered again; the two records share one key.
         self.inner
@@ -728,7 +733,7 @@ impl Claim for SqsBackend {
             .map_err(|e| sdk(e, "delete the dead-lettered message"))?;
         self.forget(lease);
         Ok(FailureRecord {
-            id: FailureId(sent.message_id.unwrap_or_default()),
+            id: FailureId(record_id.0),
             job_id: lease.job_id.clone(),
             kind: job.kind.clone(),
             key: job.key.clone(),
