@@ -28,10 +28,6 @@ pub(crate) fn db(e: sqlx::Error, what: &str) -> Error {
 
 /// Whether a failed statement may have failed only because its connection did.
 pub(crate) fn is_connection_loss(e: &sqlx::Error) -> bool {
-    db_retry(e)
-}
-
-fn db_retry(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed)
         || matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P")))
 }

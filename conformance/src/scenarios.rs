@@ -55,11 +55,11 @@ pub async fn race<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>)
     run.wait_for_effects(1).await?;
     let duplicates = [&e1, &e2].iter().filter(|e| !e.is_created()).count() as u64;
     // Without enqueue dedupe, the second delivery's skip may take a deferral round to show.
-    let skipped_of = |w: &redrive_core::RunningWorker| w.stats().skipped;
-    let deadline = tokio::time::Instant::now() + run.s.caps.timeout;
-    while duplicates + skipped_of(&w1) + skipped_of(&w2) < 1 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    run.wait_for("a recorded skip", || {
+        let skipped = w1.stats().skipped + w2.stats().skipped;
+        async move { duplicates + skipped >= 1 }
+    })
+    .await?;
     run.settle().await;
     let (s1, s2) = (w1.shutdown().await, w2.shutdown().await);
     let skips = duplicates + s1.skipped + s2.skipped;

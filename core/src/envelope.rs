@@ -28,7 +28,8 @@ pub struct Envelope {
     /// The alert severity; `error` when absent.
     #[serde(default)]
     pub severity: Severity,
-    /// When the job was first enqueued (RFC 3339, UTC).
+    /// When the job was first enqueued (RFC 3339, UTC, milliseconds).
+    #[serde(serialize_with = "millis")]
     pub enqueued_at: DateTime<Utc>,
     /// The job's payload.
     pub payload: Value,
@@ -51,10 +52,7 @@ impl Envelope {
 
     /// The compact JSON body.
     pub fn encode(&self) -> String {
-        let mut value = serde_json::to_value(self).expect("an envelope always serializes");
-        // Whole seconds are not enough to order jobs; a fixed precision keeps bodies stable.
-        value["enqueued_at"] = Value::String(self.enqueued_at.to_rfc3339_opts(SecondsFormat::Millis, true));
-        value.to_string()
+        serde_json::to_string(self).expect("an envelope always serializes")
     }
 
     /// Reads a body, refusing unknown versions, bad names and bad keys with [`ErrorKind::Decode`].
@@ -71,6 +69,11 @@ impl Envelope {
         check_name("job kind", &envelope.kind).map_err(|e| Error::new(ErrorKind::Decode, e.message().to_owned()))?;
         Ok(envelope)
     }
+}
+
+/// Whole seconds are not enough to order jobs; a fixed precision keeps bodies stable.
+fn millis<S: serde::Serializer>(at: &DateTime<Utc>, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&at.to_rfc3339_opts(SecondsFormat::Millis, true))
 }
 
 #[cfg(test)]
@@ -96,7 +99,12 @@ mod tests {
         let key = IdempotencyKey::builder("send_receipt").fact("order", 42).build().unwrap();
         let job = NewJob::new("send_receipt", key, json!({"order_id": 42})).unwrap();
         let env = Envelope::new(&job);
-        let back = Envelope::decode(env.encode().as_bytes()).unwrap();
+        let body = env.encode();
+        assert!(body.contains(&format!(
+            "\"enqueued_at\":\"{}\"",
+            env.enqueued_at.to_rfc3339_opts(SecondsFormat::Millis, true)
+        )));
+        let back = Envelope::decode(body.as_bytes()).unwrap();
         assert_eq!((back.key, back.provider_key), (job.key.clone(), job.provider_key));
         assert_eq!(Envelope::decode(b"not json").unwrap_err().kind(), ErrorKind::Decode);
         let mut future = serde_json::from_str::<Value>(&env.encode()).unwrap();

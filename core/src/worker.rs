@@ -315,6 +315,12 @@ impl RunningWorker {
     }
 }
 
+/// Every log event about a job carries its id, kind, attempt and key; never its payload.
+fn job_span(claimed: &Claimed) -> tracing::Span {
+    let job = &claimed.job;
+    info_span!("job", id = %job.id, kind = %job.kind, attempt = job.attempt, key = %job.key)
+}
+
 /// Claims ahead of the running handlers: `claimers` claim calls in flight, each taking up to
 /// `batch` jobs, into a buffer the dispatcher hands to at most `concurrency` handlers.
 async fn claim_loop<Q: Claim + 'static, L: Ledger + 'static>(
@@ -416,8 +422,7 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
             unstarted.push(job);
             continue;
         };
-        let span =
-            info_span!("job", id = %job.job.id, kind = %job.job.kind, attempt = job.job.attempt, key = %job.job.key);
+        let span = job_span(&job);
         let shared = Arc::clone(&shared);
         if claimed_at.elapsed() >= shared.config.lease / 2 {
             // It waited in the buffer for half its lease: give it back rather than run it on a
@@ -435,8 +440,7 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
         );
     }
     for job in unstarted {
-        let span =
-            info_span!("job", id = %job.job.id, kind = %job.job.kind, attempt = job.job.attempt, key = %job.job.key);
+        let span = job_span(&job);
         let shared = Arc::clone(&shared);
         tracker.spawn(async move { shared.give_back(&job).await }.instrument(span));
     }
