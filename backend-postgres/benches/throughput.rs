@@ -59,6 +59,10 @@ impl Job for Noop {
     }
 }
 
+fn var_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
 fn noop(n: u64) -> BoxResult<NewJob> {
     Ok(NewJob::from_job(&Noop { n })?)
 }
@@ -105,11 +109,11 @@ async fn main() -> BoxResult<()> {
             config.batch = batch;
         }
         if quick {
-            let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
-            config.batch = var("REDRIVE_BENCH_BATCH").unwrap_or(config.batch);
-            config.claimers = var("REDRIVE_BENCH_CLAIMERS").unwrap_or(config.claimers);
+            config.batch = var_u64("REDRIVE_BENCH_BATCH").map_or(config.batch, |b| b as usize);
+            config.claimers = var_u64("REDRIVE_BENCH_CLAIMERS").map_or(config.claimers, |c| c as usize);
         }
-        let burn = burn_down(&ctx, config, BURN_JOBS, BURN_TIMEOUT).await?;
+        let jobs = if quick { var_u64("REDRIVE_BENCH_JOBS").unwrap_or(BURN_JOBS) } else { BURN_JOBS };
+        let burn = burn_down(&ctx, config, jobs, BURN_TIMEOUT).await?;
         println!("- {label}: {}", burn.describe());
         rows.push((format!("burn-down 20k, {label}"), Figure::Rate(burn.rate())));
         if quick {
@@ -248,6 +252,7 @@ async fn pgbench(url: &str, dir: &Path, script: &str, jobs_per_tx: u32) -> BoxRe
     let load = Command::new("psql")
         .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
         .arg(dir.join("schema.sql"))
+        .args(["-c", "CHECKPOINT"])
         .arg(url)
         .output()
         .await?;
@@ -355,6 +360,8 @@ struct Burn {
     stats: WorkerStats,
     /// Rows not `done` once the worker has shut down (0 unless the burn-down timed out).
     left: i64,
+    /// CPU seconds spent during the burn-down by this process and by the server's processes.
+    cpu: Option<(f64, f64)>,
 }
 
 impl Burn {
@@ -382,8 +389,40 @@ impl Burn {
         if self.left > 0 && self.handled == self.jobs {
             s.push_str(&format!(" — {} rows not done after shutdown", self.left));
         }
+        if let Some((worker, server)) = self.cpu {
+            let per_job = |secs: f64| secs * 1e6 / self.handled.max(1) as f64;
+            s.push_str(&format!("; CPU per job: worker {:.0} µs, server {:.0} µs", per_job(worker), per_job(server)));
+        }
         s
     }
+}
+
+/// Writes out dirty pages, so that a measurement does not pay for the one before it (every
+/// measured phase, pgbench's included, starts after one).
+async fn checkpoint(admin: &PgPool) -> BoxResult<()> {
+    sqlx::query("CHECKPOINT").execute(admin).await?;
+    Ok(())
+}
+
+/// CPU seconds used so far by this process and by all `postgres` processes on this machine, read
+/// from `/proc` (Linux only; `None` elsewhere). Shows where a burn-down's time goes: the two
+/// cores are shared between the worker and the server.
+fn cpu_seconds() -> Option<(f64, f64)> {
+    let ticks = |stat: &str| -> Option<u64> {
+        // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+        let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
+        Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+    };
+    const TICKS_PER_SEC: f64 = 100.0;
+    let own = ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
+    let mut server = 0;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let path = entry.path();
+        if std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "postgres") {
+            server += std::fs::read_to_string(path.join("stat")).ok().as_deref().and_then(ticks).unwrap_or(0);
+        }
+    }
+    Some((own as f64 / TICKS_PER_SEC, server as f64 / TICKS_PER_SEC))
 }
 
 /// Pre-inserts `jobs` into a fresh schema, then times a worker from its start until its handler
@@ -393,6 +432,7 @@ async fn burn_down(ctx: &Ctx, config: WorkerConfig, jobs: u64, timeout: Duration
     let t = Instant::now();
     insert_backlog(&backend, jobs).await?;
     let insert = t.elapsed();
+    checkpoint(&ctx.admin).await?;
 
     let handled = Arc::new(AtomicU64::new(0));
     let all_handled = Arc::new(Notify::new());
@@ -406,11 +446,13 @@ async fn burn_down(ctx: &Ctx, config: WorkerConfig, jobs: u64, timeout: Duration
             async { Ok::<(), JobError>(()) }
         }
     };
+    let cpu_before = cpu_seconds();
     let start = Instant::now();
     let worker =
         Worker::builder(backend.clone(), backend.clone()).config(config).handle::<Noop>(handler).build().start();
     let _ = tokio::time::timeout(timeout, all_handled.notified()).await;
     let elapsed = start.elapsed();
+    let cpu = cpu_before.zip(cpu_seconds()).map(|((w0, s0), (w1, s1))| (w1 - w0, s1 - s0));
     let handled = handled.load(Ordering::Relaxed);
     let stats = worker.shutdown().await;
 
@@ -422,7 +464,7 @@ async fn burn_down(ctx: &Ctx, config: WorkerConfig, jobs: u64, timeout: Duration
     .await?
     .get(0);
     ctx.discard(backend).await?;
-    Ok(Burn { jobs, handled, elapsed, insert, stats, left })
+    Ok(Burn { jobs, handled, elapsed, insert, stats, left, cpu })
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 -- alone. The horizon is the database's clock, not the worker's.
 WITH expired AS (
     SELECT id, lease_token FROM {schema}.jobs
-    WHERE status = 'running' AND locked_until < now()
+    WHERE locked_until < now()
     ORDER BY locked_until
     LIMIT 1000
     FOR UPDATE SKIP LOCKED

@@ -78,6 +78,9 @@ impl std::fmt::Debug for PgBackend {
 
 const JOB_HOLD: &str = "job:";
 
+/// Connections a pool opens when it is created: one per default claimer, and one for completions.
+const WARM_CONNECTIONS: u32 = 5;
+
 impl PgBackend {
     /// Connects a pool with `config`. Run [`migrate`](Self::migrate) once before use.
     pub async fn connect(config: PgConfig) -> Result<Self> {
@@ -88,6 +91,8 @@ impl PgBackend {
             .map_err(|_| Error::new(ErrorKind::Config, "the Postgres connection URL does not parse"))?;
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
+            // Opened up front: a worker's first claims and completions should not wait for them.
+            .min_connections(config.max_connections.min(WARM_CONNECTIONS))
             .connect_with(options.application_name(&config.application_name))
             .await
             .map_err(|e| db(e, "connect to Postgres"))?;

@@ -1,7 +1,9 @@
 //! Group completion: concurrent `complete` calls share one fenced `UPDATE … FROM unnest(…)`.
 //!
-//! No timer and no added latency: the flusher takes whatever calls are waiting when it is free,
-//! so batches grow with load and stay at one under light load.
+//! No timer and no added latency: with no statement in flight, whatever calls are waiting go at
+//! once, so batches stay at one under light load. With one in flight, another starts only for a
+//! worthwhile batch; smaller ones wait for the statement to finish and go with what arrived
+//! meanwhile, so batches grow with load instead of splitting into statements of one.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use backon::{ExponentialBuilder, Retryable};
 use redrive_core::{Error, Result};
 use serde_json::Value;
 use sqlx::{PgPool, Row};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::error::{db, is_connection_loss};
@@ -29,7 +31,10 @@ pub(crate) struct Completer {
 }
 
 const MAX_BATCH: usize = 1000;
+/// Statements in flight at most.
 const FLUSHERS: usize = 3;
+/// Calls that justify a statement beside one already in flight.
+const WORTH_A_STATEMENT: usize = 32;
 
 impl Completer {
     pub(crate) fn start(pool: PgPool, sql: Arc<Queries>) -> Self {
@@ -47,18 +52,26 @@ impl Completer {
 }
 
 async fn flush_loop(pool: PgPool, sql: Arc<Queries>, mut rx: mpsc::UnboundedReceiver<Request>) {
-    // A few statements in flight at once, each taking what waited when it started.
     let flushers = Arc::new(Semaphore::new(FLUSHERS));
+    let finished = Arc::new(Notify::new());
     loop {
-        let Ok(permit) = Arc::clone(&flushers).acquire_owned().await else { return };
         let mut batch = Vec::new();
         if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
             return;
         }
-        let (pool, sql) = (pool.clone(), Arc::clone(&sql));
+        while flushers.available_permits() < FLUSHERS && batch.len() < WORTH_A_STATEMENT {
+            let room = MAX_BATCH - batch.len();
+            tokio::select! {
+                () = finished.notified() => break,
+                n = rx.recv_many(&mut batch, room) => if n == 0 { break },
+            }
+        }
+        let Ok(permit) = Arc::clone(&flushers).acquire_owned().await else { return };
+        let (pool, sql, finished) = (pool.clone(), Arc::clone(&sql), Arc::clone(&finished));
         tokio::spawn(async move {
             flush(&pool, &sql, batch).await;
             drop(permit);
+            finished.notify_one();
         });
     }
 }
