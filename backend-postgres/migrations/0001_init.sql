@@ -1,14 +1,23 @@
 -- redrive's tables. `{schema}` is replaced by the configured, validated and quoted schema name.
 
--- One row per intended effect: the unique key makes a second enqueue a no-op, and the row is the
--- effect ledger entry of its own key (pending while claimed, done with its result).
+-- One row per job key, written once by the enqueue that creates the job: its primary key makes a
+-- second enqueue a no-op. It is kept apart from `jobs` because a claim or a completion rewrites the
+-- job row, and an update that changes an indexed column writes a new entry into every index of its
+-- table; the wide, unique text key would be written (and checked) twice per job.
+CREATE TABLE {schema}.job_keys (
+    idempotency_key text      PRIMARY KEY,
+    job_id          bigserial NOT NULL,
+    fingerprint     text      NOT NULL  -- of the payload: a duplicate has the same, a reused key another
+);
+
+-- One row per intended effect. The row is the effect ledger entry of its own key (pending while
+-- claimed, done with its result).
 CREATE TABLE {schema}.jobs (
-    id              bigserial   PRIMARY KEY,
+    id              bigint      PRIMARY KEY,          -- job_keys.job_id of its key
     kind            text        NOT NULL,
     idempotency_key text        NOT NULL,
     provider_key    uuid        NOT NULL,
     payload         jsonb       NOT NULL,
-    fingerprint     text        NOT NULL,
     severity        text        NOT NULL DEFAULT 'error',
     status          text        NOT NULL DEFAULT 'queued'
                     CHECK (status IN ('queued', 'running', 'done', 'failed')),
@@ -26,7 +35,6 @@ CREATE TABLE {schema}.jobs (
     CHECK ((status = 'queued') = (run_at IS NOT NULL)),
     CHECK ((status = 'running') = (locked_until IS NOT NULL))
 );
-CREATE UNIQUE INDEX jobs_idempotency_key ON {schema}.jobs (idempotency_key);
 -- The partial indexes are keyed on nullness rather than on status: a claim's `run_at <= now()`
 -- then implies the predicate, and the planner's estimate of it (a third of the rows) holds even
 -- before the table has statistics, so a claim never sorts the whole backlog to take a batch.

@@ -1,21 +1,28 @@
 -- Take up to $1 ready jobs that no other worker holds, counting an attempt on each, under a fresh
 -- lease token that fences every later call about the job. The rows are found by the ready index
 -- and updated by primary key (`= ANY`), so the plan stays index-driven whatever the statistics.
-WITH picked AS (
-    SELECT id FROM {schema}.jobs
-    WHERE run_at <= now()
+--
+-- The scan starts after ($3, $4), the (run_at, id) where this process's last full batch ended:
+-- claimed jobs leave dead entries at the front of the ready index until VACUUM, and starting
+-- after them keeps a claim's cost flat however many jobs ran since. NULLs scan from the front.
+-- `ready_at` is each job's run_at before the claim cleared it.
+WITH picked AS MATERIALIZED (
+    SELECT id, run_at FROM {schema}.jobs
+    WHERE run_at <= now() AND (run_at, id) > (coalesce($3, '-infinity'::timestamptz), coalesce($4, 0::bigint))
     ORDER BY run_at, id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {schema}.jobs j
+    SET status = 'running',
+        run_at = NULL,
+        attempts = j.attempts + 1,
+        claims = j.claims + 1,
+        lease_token = gen_random_uuid(),
+        locked_until = now() + make_interval(secs => $2),
+        updated_at = now()
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.id, j.kind, j.idempotency_key, j.provider_key, j.payload, j.attempts, j.claims, j.cap, j.severity,
+              j.created_at, j.lease_token
 )
-UPDATE {schema}.jobs j
-SET status = 'running',
-    run_at = NULL,
-    attempts = j.attempts + 1,
-    claims = j.claims + 1,
-    lease_token = gen_random_uuid(),
-    locked_until = now() + make_interval(secs => $2),
-    updated_at = now()
-WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.kind, j.idempotency_key, j.provider_key, j.payload, j.attempts, j.claims, j.cap, j.severity,
-          j.created_at, j.lease_token
+SELECT claimed.*, picked.run_at AS ready_at FROM claimed JOIN picked USING (id)

@@ -1,12 +1,16 @@
--- Insert-or-skip on the key. Returns the new row (created = true), or else the existing row with
--- its fingerprint so the caller can tell a duplicate from a key conflict.
-WITH inserted AS (
-    INSERT INTO {schema}.jobs (kind, idempotency_key, provider_key, payload, fingerprint, severity, cap)
-    VALUES ($1, $2, $3, $4, $5, $6, $7)
+-- Insert-or-skip on the key. Returns the new job (created = true), or else the existing one with
+-- its fingerprint so the caller can tell a duplicate from a key conflict. The key row and the job
+-- row are written by this one statement: both exist or neither does.
+WITH key AS (
+    INSERT INTO {schema}.job_keys (idempotency_key, fingerprint)
+    VALUES ($2, $5)
     ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id, fingerprint
+    RETURNING job_id, fingerprint
+), job AS (
+    INSERT INTO {schema}.jobs (id, kind, idempotency_key, provider_key, payload, severity, cap)
+    SELECT job_id, $1, $2, $3, $4, $6, $7 FROM key
 )
-SELECT id, fingerprint, true AS created FROM inserted
+SELECT job_id AS id, fingerprint, true AS created FROM key
 UNION ALL
-SELECT id, fingerprint, false FROM {schema}.jobs
-WHERE idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM inserted)
+SELECT job_id, fingerprint, false FROM {schema}.job_keys
+WHERE idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM key)

@@ -45,6 +45,37 @@ struct Inner {
     wake: OnceCell<Arc<Notify>>,
     notify_pending: Arc<AtomicBool>,
     last_sweep: tokio::sync::Mutex<tokio::time::Instant>,
+    floor: Mutex<ScanFloor>,
+}
+
+/// How long a scan floor is trusted before a claim scans the ready index from the front again.
+const FLOOR_TTL: Duration = Duration::from_secs(1);
+
+/// Where this process's claims start scanning the ready index: the (run_at, id) at which its last
+/// full batch ended. A job can still become ready behind it (a claim rolled back, an enqueue that
+/// commits late in a long transaction), so the floor lasts [`FLOOR_TTL`] and is dropped whenever a
+/// claim comes back short: such a job waits a second at most.
+#[derive(Default)]
+struct ScanFloor {
+    at: Option<((DateTime<Utc>, i64), tokio::time::Instant)>,
+}
+
+impl ScanFloor {
+    fn get(&self) -> Option<(DateTime<Utc>, i64)> {
+        self.at.filter(|(_, since)| since.elapsed() < FLOOR_TTL).map(|(at, _)| at)
+    }
+
+    fn raise(&mut self, to: Option<(DateTime<Utc>, i64)>) {
+        let Some(to) = to else { return };
+        self.at = match self.at.filter(|(_, since)| since.elapsed() < FLOOR_TTL) {
+            Some((at, since)) => Some((at.max(to), since)),
+            None => Some((to, tokio::time::Instant::now())),
+        };
+    }
+
+    fn reset(&mut self) {
+        self.at = None;
+    }
 }
 
 /// Claimed jobs by key, and their keys by lease token.
@@ -117,6 +148,7 @@ impl PgBackend {
                 wake: OnceCell::new(),
                 notify_pending: Arc::new(AtomicBool::new(false)),
                 last_sweep: tokio::sync::Mutex::new(tokio::time::Instant::now()),
+                floor: Mutex::default(),
             }),
         })
     }
@@ -256,12 +288,21 @@ impl PgBackend {
     }
 
     async fn claim_once(&self, max: usize, lease: Duration) -> Result<Vec<Claimed>> {
-        let rows = q(&self.inner.sql.claim)
-            .bind(max as i64)
-            .bind(lease.as_secs_f64())
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "claim"))?;
+        let floor = self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).get();
+        let mut rows = self.claim_after(max, lease, floor).await?;
+        if rows.is_empty() && floor.is_some() {
+            // Nothing above the floor: look behind it before saying the queue is empty.
+            rows = self.claim_after(max, lease, None).await?;
+        }
+        {
+            let mut floor = self.inner.floor.lock().unwrap_or_else(|p| p.into_inner());
+            if rows.len() == max {
+                floor.raise(rows.iter().map(|r| (r.get("ready_at"), r.get("id"))).max());
+            } else {
+                // Drained up to now: the next claim starts from the front.
+                floor.reset();
+            }
+        }
         let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         rows.iter()
             .map(|row| {
@@ -274,6 +315,22 @@ impl PgBackend {
                 Ok(claimed)
             })
             .collect()
+    }
+
+    async fn claim_after(
+        &self,
+        max: usize,
+        lease: Duration,
+        floor: Option<(DateTime<Utc>, i64)>,
+    ) -> Result<Vec<PgRow>> {
+        q(&self.inner.sql.claim)
+            .bind(max as i64)
+            .bind(lease.as_secs_f64())
+            .bind(floor.map(|(at, _)| at))
+            .bind(floor.map(|(_, id)| id))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "claim"))
     }
 
     fn forget(&self, lease: &Lease) {

@@ -267,6 +267,31 @@ async fn a_job_enqueued_in_a_transaction_exists_only_if_it_commits() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_commits_behind_the_claim_scan_is_still_claimed() {
+    // Claims start scanning the ready index after their last full batch. A job enqueued in a long
+    // transaction is ready from the transaction's start, so it commits behind that point.
+    let backend = common::backend("floor").await;
+    let mut tx = backend.pool().begin().await.unwrap();
+    backend.enqueue_in(&mut tx, charge(0)).await.unwrap();
+    backend.enqueue_batch((1..=20).map(charge).collect()).await.unwrap();
+    let lease = Duration::from_secs(30);
+    let first = backend.claim(10, lease, Duration::ZERO).await.unwrap();
+    assert_eq!(first.len(), 10, "a full batch, taken while the late job is uncommitted");
+    tx.commit().await.unwrap();
+
+    let mut claimed: Vec<_> = first.iter().map(|c| c.job.key.clone()).collect();
+    // The rest of the batch, then a claim that finds nothing past the floor and looks behind it.
+    for _ in 0..2 {
+        claimed.extend(backend.claim(10, lease, Duration::ZERO).await.unwrap().into_iter().map(|c| c.job.key));
+    }
+    let late = claimed.iter().filter(|k| **k == charge(0).key).count();
+    assert_eq!(late, 1, "the late job is claimed once, without waiting for a poll");
+    claimed.sort();
+    claimed.dedup();
+    assert_eq!(claimed.len(), 21, "every job claimed once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_same_database_effect_commits_once_with_its_key() {
     let backend = common::backend("effect").await;
     let credits = format!("CREATE TABLE \"{}\".credits (account text, amount int)", backend.schema());

@@ -1,0 +1,71 @@
+//! Enqueue on the real PostgreSQL: what a batch creates, skips and refuses.
+
+mod common;
+
+use std::time::Duration;
+
+use redrive_core::{Claim, Enqueue, Enqueued, ErrorKind, Job, KeyBuilder, NewJob};
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Receipt {
+    order: u32,
+    note: String,
+}
+
+impl Job for Receipt {
+    const KIND: &'static str = "receipt";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("order", self.order)
+    }
+}
+
+fn receipt(order: u32, note: &str) -> NewJob {
+    NewJob::from_job(&Receipt { order, note: note.into() }).unwrap()
+}
+
+#[tokio::test]
+async fn a_batch_creates_each_key_once_in_order_and_skips_existing_keys() {
+    let backend = common::backend("batch").await;
+    let existing = backend.enqueue(receipt(1, "a")).await.unwrap();
+
+    let results =
+        backend.enqueue_batch(vec![receipt(3, "c"), receipt(1, "a"), receipt(2, "b"), receipt(3, "c")]).await.unwrap();
+    assert!(matches!(results[0], Enqueued::Created(_)), "{results:?}");
+    assert_eq!(results[1], Enqueued::Duplicate(existing.id().clone()), "an existing key is a duplicate");
+    assert!(matches!(results[2], Enqueued::Created(_)), "{results:?}");
+    assert_eq!(results[3], Enqueued::Duplicate(results[0].id().clone()), "the first copy in a batch creates the job");
+
+    let jobs: i64 = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM \"{}\".jobs", backend.schema())))
+        .fetch_one(backend.pool())
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs, 3, "one job row per key");
+
+    // Jobs run in the order they were enqueued.
+    let claimed = backend.claim(10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    let orders: Vec<u64> = claimed.iter().map(|c| c.job.payload["order"].as_u64().unwrap()).collect();
+    assert_eq!(orders, [1, 3, 2]);
+}
+
+#[tokio::test]
+async fn a_batch_that_reuses_a_key_with_another_payload_writes_nothing() {
+    let backend = common::backend("batch_conflict").await;
+    backend.enqueue(receipt(1, "a")).await.unwrap();
+
+    let err = backend.enqueue_batch(vec![receipt(2, "b"), receipt(1, "changed")]).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::KeyConflict, "{err}");
+    let err = backend.enqueue_batch(vec![receipt(3, "c"), receipt(3, "changed")]).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::KeyConflict, "{err}");
+
+    let keys: i64 = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM \"{}\".job_keys", backend.schema())))
+        .fetch_one(backend.pool())
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(keys, 1, "neither batch left a key or a job behind");
+    let single = backend.enqueue(receipt(1, "changed")).await.unwrap_err();
+    assert_eq!(single.kind(), ErrorKind::KeyConflict, "{single}");
+}
