@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures_util::FutureExt;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
@@ -156,14 +156,14 @@ where
 
 /// A handler with its job type erased: decodes the payload, then runs.
 trait Erased: Send + Sync {
-    fn prepare(&self, payload: Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String>;
+    fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String>;
 }
 
 struct Typed<J, H>(H, std::marker::PhantomData<fn() -> J>);
 
 impl<J: Job, H: Handler<J>> Erased for Typed<J, H> {
-    fn prepare(&self, payload: Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String> {
-        let job: J = serde_json::from_value(payload).map_err(|e| e.to_string())?;
+    fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String> {
+        let job = J::deserialize(payload).map_err(|e| e.to_string())?;
         Ok(self.0.call(job, ctx))
     }
 }
@@ -502,7 +502,7 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
             provider_key: job.provider_key,
             earlier_attempt_pending,
         };
-        let run = match handler.prepare(job.payload.clone(), ctx) {
+        let run = match handler.prepare(&job.payload, ctx) {
             Ok(run) => run,
             Err(e) => {
                 let _ = self.ledger.release_hold(&hold).await;
@@ -548,6 +548,13 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
         abandon: &CancellationToken,
     ) -> Option<HandlerResult> {
         let mut run = AssertUnwindSafe(run).catch_unwind();
+        let finished = |result: std::thread::Result<HandlerResult>| {
+            result.unwrap_or_else(|_| Err(JobError::retry("the handler panicked")))
+        };
+        // A handler that is done at its first poll needs no heartbeat timer.
+        if let Some(result) = (&mut run).now_or_never() {
+            return Some(finished(result));
+        }
         // The ledger hold is kept alive for as long as the handler runs, heartbeat or not: it
         // says "an attempt is alive", so a redelivery meanwhile waits instead of repeating the
         // effect. The lease is extended only with the heartbeat on.
@@ -555,9 +562,7 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
         let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
             tokio::select! {
-                result = &mut run => {
-                    return Some(result.unwrap_or_else(|_| Err(JobError::retry("the handler panicked"))));
-                }
+                result = &mut run => return Some(finished(result)),
                 _ = beat.tick() => {
                     if let Err(e) = self.ledger.extend_hold(hold, self.config.lease).await {
                         warn!(error = %e, "could not extend the key's hold; a redelivery may repeat the effect");
