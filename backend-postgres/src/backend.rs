@@ -46,6 +46,8 @@ struct Inner {
     notify_pending: Arc<AtomicBool>,
     last_sweep: tokio::sync::Mutex<tokio::time::Instant>,
     floor: Mutex<ScanFloor>,
+    /// The claim statement for each batch size asked for (see `claim.sql`).
+    claim_by_limit: Mutex<HashMap<usize, Arc<str>>>,
 }
 
 /// How long a scan floor is trusted before a claim scans the ready index from the front again.
@@ -149,6 +151,7 @@ impl PgBackend {
                 notify_pending: Arc::new(AtomicBool::new(false)),
                 last_sweep: tokio::sync::Mutex::new(tokio::time::Instant::now()),
                 floor: Mutex::default(),
+                claim_by_limit: Mutex::default(),
             }),
         })
     }
@@ -323,8 +326,15 @@ impl PgBackend {
         lease: Duration,
         floor: Option<(DateTime<Utc>, i64)>,
     ) -> Result<Vec<PgRow>> {
-        q(&self.inner.sql.claim)
-            .bind(max as i64)
+        let sql = Arc::clone(
+            self.inner
+                .claim_by_limit
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(max)
+                .or_insert_with(|| self.inner.sql.claim.replace("{limit}", &max.to_string()).into()),
+        );
+        q(&sql)
             .bind(lease.as_secs_f64())
             .bind(floor.map(|(at, _)| at))
             .bind(floor.map(|(_, id)| id))
