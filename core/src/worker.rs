@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures_util::FutureExt;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
