@@ -4,14 +4,14 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
 use futures_util::FutureExt;
 use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -31,8 +31,11 @@ const BUSY_RECHECK: Duration = Duration::from_secs(1);
 pub struct WorkerConfig {
     /// Handlers running at once (default 8).
     pub concurrency: usize,
-    /// Most jobs per claim call (default 64; a backend may take fewer, SQS at most 10). Up to `batch × claimers` jobs wait in the buffer
-    /// ahead of the handlers; one that waits half its lease is handed back rather than run late.
+    /// Most jobs per claim call (default 128; a backend may take fewer, SQS at most 10). A claim
+    /// asks for about a second of work at the handlers' recent pace, up to this: quick jobs come
+    /// in full batches, slow ones a few at a time, so workers sharing a queue share its work.
+    /// Claimed jobs wait in a buffer ahead of the handlers (at most `batch × claimers`); one that
+    /// waits half its lease is handed back rather than run late.
     pub batch: usize,
     /// Claim calls in flight at once (default 4), so claims' round trips overlap.
     pub claimers: usize,
@@ -56,7 +59,7 @@ impl Default for WorkerConfig {
         let lease = Duration::from_secs(30);
         Self {
             concurrency: 8,
-            batch: 64,
+            batch: 128,
             claimers: 4,
             lease,
             heartbeat: Some(lease / 3),
@@ -89,6 +92,41 @@ pub struct WorkerStats {
     pub handed_back: u64,
     /// Settlements refused because the lease had moved on.
     pub lease_lost: u64,
+}
+
+/// How much work a worker claims ahead of its handlers: about this long of it. Fast jobs are
+/// claimed in full batches; slow ones a few at a time, so that several workers on one queue share
+/// the work instead of one holding a batch it needs minutes to get through.
+const CLAIM_AHEAD: Duration = Duration::from_secs(1);
+
+/// A moving average of how long handlers take, in microseconds; 0 until one has finished.
+#[derive(Debug, Default)]
+struct Pace(AtomicU64);
+
+impl Pace {
+    fn record(&self, took: Duration) {
+        let took = took.as_micros().clamp(1, u64::MAX as u128) as u64;
+        // Weight 1/4 to the newest: it follows a change of workload within a few jobs.
+        let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
+            Some(if avg == 0 { took } else { avg - avg / 4 + took / 4 })
+        });
+    }
+
+    /// Jobs to hold claimed ahead of the handlers: as many as they get through in
+    /// [`CLAIM_AHEAD`]. Before any handler has finished, just the concurrency: nothing says yet
+    /// whether the jobs are quick.
+    fn ahead(&self, config: &WorkerConfig) -> usize {
+        let concurrency = config.concurrency.max(1) as u128;
+        let avg = self.0.load(Ordering::Relaxed) as u128;
+        let ahead = if avg == 0 { concurrency } else { concurrency * CLAIM_AHEAD.as_micros() / avg };
+        ahead.min(usize::MAX as u128) as usize
+    }
+
+    /// Jobs to ask for in one claim: the claimers' share of [`ahead`](Self::ahead), at most
+    /// `batch`.
+    fn claim_size(&self, config: &WorkerConfig) -> usize {
+        self.ahead(config).div_ceil(config.claimers.max(1)).clamp(1, config.batch.max(1))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -229,6 +267,9 @@ impl<Q: Claim + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
                 handlers: self.handlers,
                 alerts: self.alerts,
                 counters: Counters::default(),
+                pace: Pace::default(),
+                buffered: AtomicUsize::new(0),
+                taken: Notify::new(),
             }),
         }
     }
@@ -248,6 +289,10 @@ struct Shared<Q, L> {
     handlers: HashMap<String, Arc<dyn Erased>>,
     alerts: Vec<Arc<dyn AlertSink>>,
     counters: Counters,
+    pace: Pace,
+    /// Claimed jobs waiting for a handler, and a signal each time one is taken.
+    buffered: AtomicUsize,
+    taken: Notify,
 }
 
 impl<Q: Claim + 'static, L: Ledger + 'static> Worker<Q, L> {
@@ -348,7 +393,8 @@ async fn claim_loop<Q: Claim + 'static, L: Ledger + 'static>(
     }
 }
 
-/// One claim call at a time, for as many jobs as the buffer has room for (at most `batch`).
+/// One claim call at a time, for as many jobs as the handlers get through in about
+/// [`CLAIM_AHEAD`] (at most `batch`), once the buffer has room for them.
 async fn claimer<Q: Claim + 'static, L: Ledger + 'static>(
     shared: Arc<Shared<Q, L>>,
     buffer: mpsc::UnboundedSender<(Instant, Claimed)>,
@@ -357,12 +403,19 @@ async fn claimer<Q: Claim + 'static, L: Ledger + 'static>(
 ) {
     let mut failures = 0u32;
     while !stop.is_cancelled() {
-        // Wait for room for a whole batch: claiming whatever little room there is would turn
+        // Wait for room for the whole claim: claiming whatever little room there is would turn
         // one full claim into many small ones (each an API request on SQS).
-        let want = shared.config.batch.max(1);
+        let want = shared.pace.claim_size(&shared.config);
         tokio::select! {
             permits = room.acquire_many(want as u32) => permits.expect("the semaphore is never closed").forget(),
             () = stop.cancelled() => break,
+        }
+        tokio::select! {
+            () = shared.wait_for_pace(want) => {}
+            () = stop.cancelled() => {
+                room.add_permits(want);
+                break;
+            }
         }
         let claimed = match shared.queue.claim(want, shared.config.lease, shared.config.poll).await {
             Ok(claimed) => {
@@ -384,6 +437,7 @@ async fn claimer<Q: Claim + 'static, L: Ledger + 'static>(
         };
         room.add_permits(want.saturating_sub(claimed.len()));
         shared.counters.add(Count::Claimed, claimed.len() as u64);
+        shared.buffered.fetch_add(claimed.len(), Ordering::Relaxed);
         let now = Instant::now();
         for job in claimed {
             // The dispatcher outlives every claimer, so this cannot fail.
@@ -410,6 +464,8 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
     let mut unstarted = Vec::new();
     while let Some((claimed_at, job)) = waiting.recv().await {
         room.add_permits(1);
+        shared.buffered.fetch_sub(1, Ordering::Relaxed);
+        shared.taken.notify_waiters();
         let permits = tokio::select! {
             permits = async {
                 let out = Arc::clone(&outstanding).acquire_owned().await;
@@ -447,6 +503,22 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
 }
 
 impl<Q: Claim, L: Ledger> Shared<Q, L> {
+    /// Waits until a claim of `want` more jobs keeps the buffer within what the handlers get
+    /// through in [`CLAIM_AHEAD`] (an empty buffer always takes one claim).
+    async fn wait_for_pace(&self, want: usize) {
+        loop {
+            let taken = self.taken.notified();
+            let mut taken = std::pin::pin!(taken);
+            // Registered before looking, so a job taken in between is not missed.
+            taken.as_mut().enable();
+            let buffered = self.buffered.load(Ordering::Relaxed);
+            if buffered == 0 || buffered + want <= self.pace.ahead(&self.config) {
+                return;
+            }
+            taken.await;
+        }
+    }
+
     async fn give_back(&self, claimed: &Claimed) {
         debug!("handed back before it started");
         self.counters.add(Count::HandedBack, 1);
@@ -510,7 +582,9 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
                 return self.dead_letter(&claimed, &format!("payload does not decode: {e}")).await;
             }
         };
+        let started = Instant::now();
         let result = self.run_with_heartbeat(&claimed, &hold, run, &abandon).await;
+        self.pace.record(started.elapsed());
         drop(slot); // the handler is done: the next one may start while this one settles
         let Some(result) = result else {
             let _ = self.ledger.release_hold(&hold).await;
@@ -679,6 +753,44 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("expected {n} failure records");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn workers_share_slow_jobs_instead_of_one_claiming_them_all() {
+        let backend = MemoryBackend::new();
+        for n in 0..40 {
+            backend.enqueue_job(&Ping { n }).await.unwrap();
+        }
+        let slow = |_job: Ping, _ctx: JobContext| async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok::<_, JobError>(())
+        };
+        let config = WorkerConfig { concurrency: 2, ..fast() };
+        let start = |backend: &MemoryBackend| {
+            Worker::builder(backend.clone(), backend.clone())
+                .config(config.clone())
+                .handle::<Ping>(slow)
+                .build()
+                .start()
+        };
+        let first = start(&backend);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let second = start(&backend);
+        let all_done = async {
+            while first.stats().succeeded + second.stats().succeeded < 40 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(15), all_done).await.expect("all 40 jobs run");
+        let (first, second) = (first.shutdown().await, second.shutdown().await);
+        // One worker claiming a full batch would have left the second with nothing to do.
+        assert!(
+            second.succeeded >= 10,
+            "the later worker ran {} of 40; the first {}",
+            second.succeeded,
+            first.succeeded
+        );
+        assert_eq!(first.handed_back + second.handed_back, 0);
     }
 
     #[tokio::test]
