@@ -118,7 +118,7 @@ impl Pace {
     fn ahead(&self, config: &WorkerConfig) -> usize {
         let concurrency = config.concurrency.max(1) as u128;
         let avg = self.0.load(Ordering::Relaxed) as u128;
-        let ahead = if avg == 0 { concurrency } else { concurrency * CLAIM_AHEAD.as_micros() / avg };
+        let ahead = (concurrency * CLAIM_AHEAD.as_micros()).checked_div(avg).unwrap_or(concurrency);
         ahead.min(usize::MAX as u128) as usize
     }
 
