@@ -122,10 +122,12 @@ impl Pace {
         ahead.min(usize::MAX as u128) as usize
     }
 
-    /// Jobs to ask for in one claim: the claimers' share of [`ahead`](Self::ahead), at most
+    /// Jobs to ask for in one claim: the claimers' share of [`ahead`](Self::ahead), rounded up
+    /// to a power of two (a backend may prepare a statement per size: it sees few), at most
     /// `batch`.
     fn claim_size(&self, config: &WorkerConfig) -> usize {
-        self.ahead(config).div_ceil(config.claimers.max(1)).clamp(1, config.batch.max(1))
+        let batch = config.batch.max(1);
+        self.ahead(config).div_ceil(config.claimers.max(1)).min(batch).next_power_of_two().min(batch)
     }
 }
 
