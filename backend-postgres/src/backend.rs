@@ -261,6 +261,30 @@ impl PgBackend {
         }
     }
 
+    /// Deletes jobs that finished (done) more than `older_than` ago, with their keys, and returns
+    /// how many. Run it now and then (a daily task), or the tables keep every job ever done. The
+    /// age is the dedupe window it leaves: a key enqueued again after its job was pruned makes a
+    /// new job, so keep it longer than any producer may repeat a job. Failure records are pruned
+    /// apart, by [`DeadLetter::purge`].
+    pub async fn prune_done(&self, older_than: Duration) -> Result<u64> {
+        // Bounded transactions: a large first prune does not hold its locks for long.
+        const CHUNK: i64 = 10_000;
+        let mut pruned = 0;
+        loop {
+            let done = q(&self.inner.sql.prune_done)
+                .bind(older_than.as_secs_f64())
+                .bind(CHUNK)
+                .execute(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "prune done jobs"))?
+                .rows_affected();
+            pruned += done;
+            if done < CHUNK as u64 {
+                return Ok(pruned);
+            }
+        }
+    }
+
     async fn wake_signal(&self) -> Option<Arc<Notify>> {
         if !self.inner.config.listen {
             return None;

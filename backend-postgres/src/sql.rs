@@ -58,6 +58,7 @@ queries!(
     discard,
     purge,
     replay,
+    prune_done,
     ledger_begin,
     ledger_state,
     ledger_extend,

@@ -1,4 +1,5 @@
-//! Enqueue on the real PostgreSQL: what a batch creates, skips and refuses.
+//! Enqueue on the real PostgreSQL: what a batch creates, skips and refuses, and how long a key
+//! dedupes (until its done job is pruned).
 
 mod common;
 
@@ -68,4 +69,30 @@ async fn a_batch_that_reuses_a_key_with_another_payload_writes_nothing() {
     assert_eq!(keys, 1, "neither batch left a key or a job behind");
     let single = backend.enqueue(receipt(1, "changed")).await.unwrap_err();
     assert_eq!(single.kind(), ErrorKind::KeyConflict, "{single}");
+}
+
+#[tokio::test]
+async fn pruning_done_jobs_frees_their_keys_and_leaves_the_rest() {
+    let backend = common::backend("prune").await;
+    for order in 1..=3 {
+        backend.enqueue(receipt(order, "r")).await.unwrap();
+    }
+    let claimed = backend.claim(10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    assert_eq!(claimed.len(), 3);
+    for job in claimed.iter().filter(|c| c.job.payload["order"] != 3) {
+        backend.complete(&job.lease).await.unwrap();
+    }
+
+    assert_eq!(backend.prune_done(Duration::from_secs(3600)).await.unwrap(), 0, "nothing is an hour old");
+    assert_eq!(backend.prune_done(Duration::ZERO).await.unwrap(), 2, "the two done jobs");
+
+    // A pruned key makes a new job; the running job's key still dedupes.
+    assert!(matches!(backend.enqueue(receipt(1, "r")).await.unwrap(), Enqueued::Created(_)));
+    assert!(matches!(backend.enqueue(receipt(3, "r")).await.unwrap(), Enqueued::Duplicate(_)));
+    let jobs: i64 = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM \"{}\".jobs", backend.schema())))
+        .fetch_one(backend.pool())
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs, 2, "the running job and the new one");
 }
