@@ -26,6 +26,11 @@ fn receipt(order: u32, note: &str) -> NewJob {
     NewJob::from_job(&Receipt { order, note: note.into() }).unwrap()
 }
 
+async fn rows(backend: &redrive_postgres::PgBackend, table: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM \"{}\".{table}", backend.schema());
+    sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_one(backend.pool()).await.unwrap().get(0)
+}
+
 #[tokio::test]
 async fn a_batch_creates_each_key_once_in_order_and_skips_existing_keys() {
     let backend = common::backend("batch").await;
@@ -38,11 +43,7 @@ async fn a_batch_creates_each_key_once_in_order_and_skips_existing_keys() {
     assert!(matches!(results[2], Enqueued::Created(_)), "{results:?}");
     assert_eq!(results[3], Enqueued::Duplicate(results[0].id().clone()), "the first copy in a batch creates the job");
 
-    let jobs: i64 = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM \"{}\".jobs", backend.schema())))
-        .fetch_one(backend.pool())
-        .await
-        .unwrap()
-        .get(0);
+    let jobs = rows(&backend, "jobs").await;
     assert_eq!(jobs, 3, "one job row per key");
 
     // Jobs run in the order they were enqueued.
@@ -61,11 +62,7 @@ async fn a_batch_that_reuses_a_key_with_another_payload_writes_nothing() {
     let err = backend.enqueue_batch(vec![receipt(3, "c"), receipt(3, "changed")]).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::KeyConflict, "{err}");
 
-    let keys: i64 = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM \"{}\".job_keys", backend.schema())))
-        .fetch_one(backend.pool())
-        .await
-        .unwrap()
-        .get(0);
+    let keys = rows(&backend, "job_keys").await;
     assert_eq!(keys, 1, "neither batch left a key or a job behind");
     let single = backend.enqueue(receipt(1, "changed")).await.unwrap_err();
     assert_eq!(single.kind(), ErrorKind::KeyConflict, "{single}");
@@ -89,10 +86,6 @@ async fn pruning_done_jobs_frees_their_keys_and_leaves_the_rest() {
     // A pruned key makes a new job; the running job's key still dedupes.
     assert!(matches!(backend.enqueue(receipt(1, "r")).await.unwrap(), Enqueued::Created(_)));
     assert!(matches!(backend.enqueue(receipt(3, "r")).await.unwrap(), Enqueued::Duplicate(_)));
-    let jobs: i64 = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM \"{}\".jobs", backend.schema())))
-        .fetch_one(backend.pool())
-        .await
-        .unwrap()
-        .get(0);
+    let jobs = rows(&backend, "jobs").await;
     assert_eq!(jobs, 2, "the running job and the new one");
 }
