@@ -50,32 +50,54 @@ struct Inner {
     claim_by_limit: Mutex<HashMap<usize, Arc<str>>>,
 }
 
+/// Claim statements kept, one per batch size (see `claim.sql`).
+const MAX_CLAIM_STATEMENTS: usize = 16;
+
 /// How long a scan floor is trusted before a claim scans the ready index from the front again.
 const FLOOR_TTL: Duration = Duration::from_secs(1);
 
 /// Where this process's claims start scanning the ready index: the (run_at, id) at which its last
 /// full batch ended. A job can still become ready behind it (a claim rolled back, an enqueue that
 /// commits late in a long transaction), so the floor lasts [`FLOOR_TTL`] and is dropped whenever a
-/// claim comes back short: such a job waits a second at most.
+/// claim comes back short. Each floor set from a scan of the front starts a new generation, and
+/// only claims that started from the current generation may raise it: a claim in flight from an
+/// older floor cannot carry the floor past the jobs a newer front scan is working through.
 #[derive(Default)]
 struct ScanFloor {
     at: Option<((DateTime<Utc>, i64), tokio::time::Instant)>,
+    generation: u64,
 }
 
+/// The floor a claim started from, and its generation.
+type FloorRead = (Option<(DateTime<Utc>, i64)>, u64);
+
 impl ScanFloor {
-    fn get(&self) -> Option<(DateTime<Utc>, i64)> {
-        self.at.filter(|(_, since)| since.elapsed() < FLOOR_TTL).map(|(at, _)| at)
+    fn read(&mut self) -> FloorRead {
+        if self.at.is_some_and(|(_, since)| since.elapsed() >= FLOOR_TTL) {
+            self.reset();
+        }
+        (self.at.map(|(at, _)| at), self.generation)
     }
 
-    fn raise(&mut self, to: Option<(DateTime<Utc>, i64)>) {
-        let Some(to) = to else { return };
-        self.at = match self.at.filter(|(_, since)| since.elapsed() < FLOOR_TTL) {
-            Some((at, since)) => Some((at.max(to), since)),
-            None => Some((to, tokio::time::Instant::now())),
-        };
+    /// After a claim that started from `from` and took `end` (its last job's `run_at, id`) in a
+    /// full batch, or `None` when the batch came back short.
+    fn settle(&mut self, from: FloorRead, scanned_front: bool, end: Option<(DateTime<Utc>, i64)>) {
+        match end {
+            None => self.reset(),
+            Some(end) if scanned_front => {
+                self.generation += 1;
+                self.at = Some((end, tokio::time::Instant::now()));
+            }
+            Some(end) => {
+                if let Some((at, _)) = self.at.as_mut().filter(|_| from.1 == self.generation) {
+                    *at = (*at).max(end);
+                }
+            }
+        }
     }
 
     fn reset(&mut self) {
+        self.generation += 1;
         self.at = None;
     }
 }
@@ -315,21 +337,16 @@ impl PgBackend {
     }
 
     async fn claim_once(&self, max: usize, lease: Duration) -> Result<Vec<Claimed>> {
-        let floor = self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).get();
-        let mut rows = self.claim_after(max, lease, floor).await?;
-        if rows.is_empty() && floor.is_some() {
+        let from = self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).read();
+        let mut rows = self.claim_after(max, lease, from.0).await?;
+        let mut scanned_front = from.0.is_none();
+        if rows.is_empty() && !scanned_front {
             // Nothing above the floor: look behind it before saying the queue is empty.
             rows = self.claim_after(max, lease, None).await?;
+            scanned_front = true;
         }
-        {
-            let mut floor = self.inner.floor.lock().unwrap_or_else(|p| p.into_inner());
-            if rows.len() == max {
-                floor.raise(rows.iter().map(|r| (r.get("ready_at"), r.get("id"))).max());
-            } else {
-                // Drained up to now: the next claim starts from the front.
-                floor.reset();
-            }
-        }
+        let end = (rows.len() == max).then(|| rows.iter().map(|r| (r.get("ready_at"), r.get("id"))).max()).flatten();
+        self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).settle(from, scanned_front, end);
         let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         rows.iter()
             .map(|row| {
@@ -350,14 +367,21 @@ impl PgBackend {
         lease: Duration,
         floor: Option<(DateTime<Utc>, i64)>,
     ) -> Result<Vec<PgRow>> {
-        let sql = Arc::clone(
-            self.inner
-                .claim_by_limit
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(max)
-                .or_insert_with(|| self.inner.sql.claim.replace("{limit}", &max.to_string()).into()),
-        );
+        let sql = {
+            let mut by_limit = self.inner.claim_by_limit.lock().unwrap_or_else(|p| p.into_inner());
+            match by_limit.get(&max) {
+                Some(sql) => Arc::clone(sql),
+                None => {
+                    let sql: Arc<str> = self.inner.sql.claim.replace("{limit}", &max.to_string()).into();
+                    // The worker asks for powers of two; a caller that asks for every size
+                    // does not grow this without bound.
+                    if by_limit.len() < MAX_CLAIM_STATEMENTS {
+                        by_limit.insert(max, Arc::clone(&sql));
+                    }
+                    sql
+                }
+            }
+        };
         q(&sql)
             .bind(lease.as_secs_f64())
             .bind(floor.map(|(at, _)| at))

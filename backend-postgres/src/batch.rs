@@ -13,7 +13,7 @@ use backon::{ExponentialBuilder, Retryable};
 use redrive_core::{Error, Result};
 use serde_json::Value;
 use sqlx::{PgPool, Row};
-use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::error::{db, is_connection_loss};
@@ -51,6 +51,19 @@ impl Completer {
     }
 }
 
+/// Frees a flusher's slot and says so, however its task ends (a panic included), so that a small
+/// batch waiting for the slot is not left waiting.
+struct Finished {
+    signal: Arc<Notify>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.signal.notify_one();
+    }
+}
+
 async fn flush_loop(pool: PgPool, sql: Arc<Queries>, mut rx: mpsc::UnboundedReceiver<Request>) {
     let flushers = Arc::new(Semaphore::new(FLUSHERS));
     let finished = Arc::new(Notify::new());
@@ -67,11 +80,11 @@ async fn flush_loop(pool: PgPool, sql: Arc<Queries>, mut rx: mpsc::UnboundedRece
             }
         }
         let Ok(permit) = Arc::clone(&flushers).acquire_owned().await else { return };
-        let (pool, sql, finished) = (pool.clone(), Arc::clone(&sql), Arc::clone(&finished));
+        let (pool, sql) = (pool.clone(), Arc::clone(&sql));
+        let done = Finished { signal: Arc::clone(&finished), _slot: permit };
         tokio::spawn(async move {
             flush(&pool, &sql, batch).await;
-            drop(permit);
-            finished.notify_one();
+            drop(done);
         });
     }
 }

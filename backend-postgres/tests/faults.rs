@@ -292,6 +292,34 @@ async fn a_job_that_commits_behind_the_claim_scan_is_still_claimed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_behind_the_claim_scan_wait_a_second_at_most_under_a_steady_backlog() {
+    // Thirty jobs commit late, behind the scan floor, while a backlog keeps every claim full, so
+    // no claim comes back short: the floor's one-second life is what brings them in.
+    let backend = common::backend("floor_ttl").await;
+    let mut tx = backend.pool().begin().await.unwrap();
+    for order in 1000..1030 {
+        backend.enqueue_in(&mut tx, charge(order)).await.unwrap();
+    }
+    backend.enqueue_batch((1..=300).map(charge).collect()).await.unwrap();
+    let lease = Duration::from_secs(30);
+    assert_eq!(backend.claim(10, lease, Duration::ZERO).await.unwrap().len(), 10);
+    tx.commit().await.unwrap();
+
+    let committed = std::time::Instant::now();
+    let (mut late, mut backlog) = (0, 10);
+    while late < 30 {
+        let claimed = backend.claim(10, lease, Duration::ZERO).await.unwrap();
+        assert_eq!(claimed.len(), 10, "the backlog keeps claims full");
+        for job in claimed {
+            if job.job.payload["order"].as_u64().unwrap() >= 1000 { late += 1 } else { backlog += 1 }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(committed.elapsed() < Duration::from_secs(3), "took {:?}", committed.elapsed());
+    assert!(backlog < 300, "the late jobs ran before the backlog was drained ({backlog} of 300 taken)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_same_database_effect_commits_once_with_its_key() {
     let backend = common::backend("effect").await;
     let credits = format!("CREATE TABLE \"{}\".credits (account text, amount int)", backend.schema());

@@ -627,7 +627,8 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
         let finished = |result: std::thread::Result<HandlerResult>| {
             result.unwrap_or_else(|_| Err(JobError::retry("the handler panicked")))
         };
-        // A handler that is done at its first poll needs no heartbeat timer.
+        // A handler that is done at its first poll needs no heartbeat timer. (That poll has a
+        // no-op waker; a pending handler is polled again at once below, with the real one.)
         if let Some(result) = (&mut run).now_or_never() {
             return Some(finished(result));
         }
