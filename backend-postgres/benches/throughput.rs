@@ -421,7 +421,7 @@ fn cpu_seconds() -> Option<(f64, f64)> {
         let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
         Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
     };
-    const TICKS_PER_SEC: f64 = 100.0;
+    const TICKS_PER_SEC: f64 = 100.0; // USER_HZ, 100 on Linux
     let own = ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
     let mut server = 0;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {

@@ -64,24 +64,25 @@ const FLOOR_TTL: Duration = Duration::from_secs(1);
 /// older floor cannot carry the floor past the jobs a newer front scan is working through.
 #[derive(Default)]
 struct ScanFloor {
-    at: Option<((DateTime<Utc>, i64), tokio::time::Instant)>,
+    at: Option<(Position, tokio::time::Instant)>,
     generation: u64,
 }
 
-/// The floor a claim started from, and its generation.
-type FloorRead = (Option<(DateTime<Utc>, i64)>, u64);
+/// A place in the ready index: `(run_at, id)`.
+type Position = (DateTime<Utc>, i64);
 
 impl ScanFloor {
-    fn read(&mut self) -> FloorRead {
+    /// The floor to start a claim from (`None`: the front), and its generation.
+    fn read(&mut self) -> (Option<Position>, u64) {
         if self.at.is_some_and(|(_, since)| since.elapsed() >= FLOOR_TTL) {
             self.reset();
         }
         (self.at.map(|(at, _)| at), self.generation)
     }
 
-    /// After a claim that started from `from` and took `end` (its last job's `run_at, id`) in a
+    /// After a claim that started in `generation` and took `end` (its last job's position) in a
     /// full batch, or `None` when the batch came back short.
-    fn settle(&mut self, from: FloorRead, scanned_front: bool, end: Option<(DateTime<Utc>, i64)>) {
+    fn settle(&mut self, generation: u64, scanned_front: bool, end: Option<Position>) {
         match end {
             None => self.reset(),
             Some(end) if scanned_front => {
@@ -89,7 +90,7 @@ impl ScanFloor {
                 self.at = Some((end, tokio::time::Instant::now()));
             }
             Some(end) => {
-                if let Some((at, _)) = self.at.as_mut().filter(|_| from.1 == self.generation) {
+                if let Some((at, _)) = self.at.as_mut().filter(|_| generation == self.generation) {
                     *at = (*at).max(end);
                 }
             }
@@ -337,16 +338,16 @@ impl PgBackend {
     }
 
     async fn claim_once(&self, max: usize, lease: Duration) -> Result<Vec<Claimed>> {
-        let from = self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).read();
-        let mut rows = self.claim_after(max, lease, from.0).await?;
-        let mut scanned_front = from.0.is_none();
+        let (floor, generation) = self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).read();
+        let mut rows = self.claim_after(max, lease, floor).await?;
+        let mut scanned_front = floor.is_none();
         if rows.is_empty() && !scanned_front {
             // Nothing above the floor: look behind it before saying the queue is empty.
             rows = self.claim_after(max, lease, None).await?;
             scanned_front = true;
         }
         let end = (rows.len() == max).then(|| rows.iter().map(|r| (r.get("ready_at"), r.get("id"))).max()).flatten();
-        self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).settle(from, scanned_front, end);
+        self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).settle(generation, scanned_front, end);
         let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         rows.iter()
             .map(|row| {
@@ -361,12 +362,7 @@ impl PgBackend {
             .collect()
     }
 
-    async fn claim_after(
-        &self,
-        max: usize,
-        lease: Duration,
-        floor: Option<(DateTime<Utc>, i64)>,
-    ) -> Result<Vec<PgRow>> {
+    async fn claim_after(&self, max: usize, lease: Duration, floor: Option<Position>) -> Result<Vec<PgRow>> {
         let sql = {
             let mut by_limit = self.inner.claim_by_limit.lock().unwrap_or_else(|p| p.into_inner());
             match by_limit.get(&max) {
