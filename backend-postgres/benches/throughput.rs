@@ -412,6 +412,18 @@ async fn checkpoint(admin: &PgPool) -> BoxResult<()> {
     Ok(())
 }
 
+/// What autovacuum does on a live database as soon as a bulk enqueue has changed enough rows:
+/// statistics that say every job is queued, and a visibility map. Production conditions.
+async fn analyze(admin: &PgPool, schema: &str) -> BoxResult<()> {
+    if std::env::var_os("REDRIVE_BENCH_NO_ANALYZE").is_some() {
+        return Ok(());
+    }
+    for table in ["jobs", "job_keys"] {
+        sqlx::query(AssertSqlSafe(format!("VACUUM ANALYZE \"{schema}\".{table}"))).execute(admin).await?;
+    }
+    Ok(())
+}
+
 /// CPU seconds used so far by this process and by all `postgres` processes on this machine, read
 /// from `/proc` (Linux only; `None` elsewhere). Shows where a burn-down's time goes: the two
 /// cores are shared between the worker and the server.
@@ -464,6 +476,7 @@ async fn burn_down(ctx: &Ctx, config: WorkerConfig, jobs: u64, timeout: Duration
     let t = Instant::now();
     insert_backlog(&backend, jobs).await?;
     let insert = t.elapsed();
+    analyze(&ctx.admin, backend.schema()).await?;
     checkpoint(&ctx.admin).await?;
 
     let handled = Arc::new(AtomicU64::new(0));

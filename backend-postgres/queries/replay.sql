@@ -6,9 +6,8 @@ WITH record AS (
     WHERE id = $1 AND state = 'open'
     RETURNING job_id
 )
-UPDATE {schema}.jobs j
+UPDATE {schema}.jobs
 SET status = 'queued', attempts = 0, run_at = now(), errors = '[]', last_error = NULL,
     lease_token = NULL, locked_until = NULL, updated_at = now()
-FROM record
-WHERE j.id = record.job_id AND j.status = 'failed'
-RETURNING j.id
+WHERE id = (SELECT job_id FROM record) AND status = 'failed'
+RETURNING id

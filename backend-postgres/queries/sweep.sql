@@ -1,16 +1,17 @@
--- Return jobs whose lease expired (their worker died or stalled) to queued. Each row is re-checked
--- under its lock against the state and token read, so a job completed in the meantime is left
--- alone. The horizon is the database's clock, not the worker's.
-WITH expired AS (
-    SELECT id, lease_token FROM {schema}.jobs
+-- Return jobs whose lease expired (their worker died or stalled) to queued. The rows are found by
+-- the lease index and updated by primary key (`= ANY`), never by a join whose plan could become a
+-- scan of the table. Each row is locked as it is found, and its expiry is checked again on the
+-- version that is locked (a job completed or extended meanwhile is left alone: River #1302). The
+-- horizon is the database's clock, not the worker's.
+WITH expired AS MATERIALIZED (
+    SELECT id FROM {schema}.jobs
     WHERE locked_until < now()
     ORDER BY locked_until
     LIMIT 1000
     FOR UPDATE SKIP LOCKED
 )
-UPDATE {schema}.jobs j
+UPDATE {schema}.jobs
 SET status = 'queued', run_at = now(), lease_token = NULL, locked_until = NULL, updated_at = now(),
     last_error = 'lease expired: the worker stopped without settling the job'
-FROM expired e
-WHERE j.id = e.id AND j.lease_token = e.lease_token AND j.status = 'running'
-RETURNING j.id
+WHERE id = ANY(ARRAY(SELECT id FROM expired)) AND locked_until < now() AND status = 'running'
+RETURNING id

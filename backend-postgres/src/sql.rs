@@ -78,7 +78,10 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, s
 /// schemas in one database migrate independently.
 pub(crate) fn migrator(schema: &str) -> Migrator {
     let quoted = format!("\"{schema}\"");
-    let files: [(i64, &str, &str); 1] = [(1, "init", include_str!("../migrations/0001_init.sql"))];
+    let files: [(i64, &str, &str); 2] = [
+        (1, "init", include_str!("../migrations/0001_init.sql")),
+        (2, "done index", include_str!("../migrations/0002_done_index.sql")),
+    ];
     let migrations = files
         .into_iter()
         .map(|(version, description, sql)| {

@@ -1,0 +1,308 @@
+//! Every statement on the hot path keeps an index-driven plan whatever the planner's statistics
+//! say: none taken, taken while every job was queued, while most were running, while most were
+//! done, and stale after a bulk enqueue. Each statement is prepared from its `.sql` file and
+//! explained (`EXPLAIN (FORMAT JSON) EXECUTE`, never run) with its custom plan and its generic
+//! plan, at each of those moments. A plan passes when it reads `jobs`, `job_keys` and
+//! `processed_keys` only through an index condition: no sequential scan, and no index scan
+//! without a condition (a full scan in index order).
+
+mod common;
+
+use serde_json::Value;
+use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
+
+/// Rows per table at each moment: enough that a scan of the whole table is the planner's
+/// costliest choice, as it is in production.
+const ROWS: i64 = 20_000;
+
+/// Tables that must be read through an index condition.
+const GUARDED: [&str; 3] = ["jobs", "job_keys", "processed_keys"];
+
+/// A statement, the types of its parameters, and a function giving SQL literals for them.
+struct Statement {
+    name: &'static str,
+    sql: &'static str,
+    types: &'static str,
+    args: fn(&Sample) -> String,
+}
+
+/// Values taken from the table at the moment of the check.
+struct Sample {
+    /// Ids and lease tokens of 500 jobs, running ones where there are.
+    running: Vec<(i64, String)>,
+    /// Keys of existing jobs.
+    keys: Vec<String>,
+    /// A key in `processed_keys`.
+    ledger_key: String,
+}
+
+impl Sample {
+    fn one(&self) -> (i64, String) {
+        self.running.first().cloned().unwrap_or((1, "00000000-0000-0000-0000-000000000000".into()))
+    }
+}
+
+fn ids(s: &Sample) -> String {
+    let ids: Vec<String> = s.running.iter().map(|(id, _)| id.to_string()).collect();
+    format!("ARRAY[{}]::bigint[]", ids.join(","))
+}
+
+fn tokens(s: &Sample) -> String {
+    let t: Vec<String> = s.running.iter().map(|(_, t)| format!("'{t}'")).collect();
+    format!("ARRAY[{}]::uuid[]", t.join(","))
+}
+
+fn text_array(values: &[String]) -> String {
+    let v: Vec<String> = values.iter().map(|k| format!("'{}'", k.replace('\'', "''"))).collect();
+    format!("ARRAY[{}]::text[]", v.join(","))
+}
+
+fn statements() -> Vec<Statement> {
+    macro_rules! file {
+        ($name:literal) => {
+            include_str!(concat!("../queries/", $name, ".sql"))
+        };
+    }
+    vec![
+        Statement {
+            name: "claim, from the front",
+            sql: file!("claim"),
+            types: "float8, timestamptz, bigint",
+            args: |_| "30, NULL, NULL".into(),
+        },
+        Statement {
+            name: "claim, from a scan floor",
+            sql: file!("claim"),
+            types: "float8, timestamptz, bigint",
+            args: |_| "30, now() - interval '1 hour', 5".into(),
+        },
+        Statement {
+            name: "complete",
+            sql: file!("complete"),
+            types: "bigint[], uuid[], jsonb[]",
+            args: |s| format!("{}, {}, array_fill(NULL::jsonb, ARRAY[{}])", ids(s), tokens(s), s.running.len()),
+        },
+        Statement {
+            name: "retry",
+            sql: file!("retry"),
+            types: "bigint, uuid, float8, text",
+            args: |s| format!("{}, '{}', 1, 'boom'", s.one().0, s.one().1),
+        },
+        Statement {
+            name: "extend",
+            sql: file!("extend"),
+            types: "bigint, uuid, float8",
+            args: |s| format!("{}, '{}', 30", s.one().0, s.one().1),
+        },
+        Statement {
+            name: "release",
+            sql: file!("release"),
+            types: "bigint, uuid",
+            args: |s| format!("{}, '{}'", s.one().0, s.one().1),
+        },
+        Statement {
+            name: "dead_letter",
+            sql: file!("dead_letter"),
+            types: "bigint, uuid, text",
+            args: |s| format!("{}, '{}', 'boom'", s.one().0, s.one().1),
+        },
+        Statement { name: "sweep", sql: file!("sweep"), types: "", args: |_| String::new() },
+        Statement {
+            name: "enqueue",
+            sql: file!("enqueue"),
+            types: "text, text, uuid, jsonb, text, text, int",
+            args: |s| format!("'k', '{}', gen_random_uuid(), '{{}}', 'f', 'error', 5", s.keys[0]),
+        },
+        Statement {
+            name: "enqueue_batch",
+            sql: file!("enqueue_batch"),
+            types: "text[], text[], uuid[], jsonb[], text[], text[], int[]",
+            args: |s| {
+                let n = s.keys.len();
+                format!(
+                    "array_fill('k'::text, ARRAY[{n}]), {}, array_fill(gen_random_uuid(), ARRAY[{n}]), \
+                     array_fill('{{}}'::jsonb, ARRAY[{n}]), array_fill('f'::text, ARRAY[{n}]), \
+                     array_fill('error'::text, ARRAY[{n}]), array_fill(5, ARRAY[{n}])",
+                    text_array(&s.keys)
+                )
+            },
+        },
+        Statement { name: "existing", sql: file!("existing"), types: "text[]", args: |s| text_array(&s.keys) },
+        Statement {
+            name: "prune_done",
+            sql: file!("prune_done"),
+            types: "float8, bigint",
+            args: |_| "0, 10000".into(),
+        },
+        Statement { name: "replay", sql: file!("replay"), types: "bigint", args: |_| "1".into() },
+        Statement {
+            name: "ledger_begin",
+            sql: file!("ledger_begin"),
+            types: "text, text, uuid, float8",
+            args: |s| format!("'{}', 'f', gen_random_uuid(), 30", s.ledger_key),
+        },
+        Statement {
+            name: "ledger_state",
+            sql: file!("ledger_state"),
+            types: "text",
+            args: |s| format!("'{}'", s.ledger_key),
+        },
+        Statement {
+            name: "ledger_extend",
+            sql: file!("ledger_extend"),
+            types: "text, uuid, float8",
+            args: |s| format!("'{}', gen_random_uuid(), 30", s.ledger_key),
+        },
+        Statement {
+            name: "ledger_release",
+            sql: file!("ledger_release"),
+            types: "text, uuid",
+            args: |s| format!("'{}', gen_random_uuid()", s.ledger_key),
+        },
+        Statement {
+            name: "ledger_finish",
+            sql: file!("ledger_finish"),
+            types: "text, jsonb",
+            args: |s| format!("'{}', 'null'", s.ledger_key),
+        },
+    ]
+}
+
+/// Every (node type, relation, has an index condition) in a plan.
+fn scans(plan: &Value, out: &mut Vec<(String, String, bool)>) {
+    if let Some(relation) = plan.get("Relation Name").and_then(Value::as_str) {
+        let node = plan["Node Type"].as_str().unwrap_or_default().to_owned();
+        out.push((node, relation.to_owned(), plan.get("Index Cond").is_some()));
+    }
+    for child in plan.get("Plans").and_then(Value::as_array).into_iter().flatten() {
+        scans(child, out);
+    }
+}
+
+async fn exec(conn: &mut PgConnection, sql: &str) {
+    sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&mut *conn).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+async fn sample(conn: &mut PgConnection, schema: &str) -> Sample {
+    // Running jobs first; at a moment with none, any jobs (an empty array would make the
+    // statement's condition false, and any plan right).
+    let running = sqlx::query(AssertSqlSafe(format!(
+        "SELECT id, coalesce(lease_token, gen_random_uuid())::text FROM \"{schema}\".jobs \
+         ORDER BY status <> 'running', id LIMIT 500"
+    )))
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    let keys = sqlx::query(AssertSqlSafe(format!(
+        "SELECT idempotency_key FROM \"{schema}\".job_keys ORDER BY job_id DESC LIMIT 100"
+    )))
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    Sample { running, keys, ledger_key: "ledger:n=17".into() }
+}
+
+/// Explains every statement at this moment, with its custom and its generic plan; returns what
+/// failed.
+async fn check_plans(conn: &mut PgConnection, schema: &str, moment: &str) -> Vec<String> {
+    let sample = sample(conn, schema).await;
+    let mut failures = Vec::new();
+    for (n, statement) in statements().iter().enumerate() {
+        let sql = statement.sql.replace("{schema}", &format!("\"{schema}\"")).replace("{limit}", "128");
+        let types = if statement.types.is_empty() { String::new() } else { format!("({})", statement.types) };
+        exec(conn, &format!("PREPARE plan_{n}{types} AS {sql}")).await;
+        let args = (statement.args)(&sample);
+        let args = if args.is_empty() { String::new() } else { format!("({args})") };
+        for mode in ["force_custom_plan", "force_generic_plan"] {
+            exec(conn, &format!("SET plan_cache_mode = {mode}")).await;
+            let explain = format!("EXPLAIN (FORMAT JSON) EXECUTE plan_{n}{args}");
+            let row = sqlx::query(AssertSqlSafe(explain.clone()))
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap_or_else(|e| panic!("{explain}: {e}"));
+            let plan: Value = row.get(0);
+            let mut found = Vec::new();
+            scans(&plan[0]["Plan"], &mut found);
+            let bad: Vec<_> = found
+                .iter()
+                .filter(|(node, relation, cond)| {
+                    GUARDED.contains(&relation.as_str()) && (node == "Seq Scan" || (node.contains("Index") && !cond))
+                })
+                .collect();
+            if !bad.is_empty() {
+                failures.push(format!(
+                    "{moment}: {} ({mode}) reads {bad:?}\n{}",
+                    statement.name,
+                    serde_json::to_string_pretty(&plan).unwrap_or_default()
+                ));
+            }
+        }
+        exec(conn, &format!("DEALLOCATE plan_{n}")).await;
+    }
+    failures
+}
+
+#[tokio::test]
+async fn hot_path_plans_hold_whatever_the_statistics_say() {
+    let backend = common::backend("plans").await;
+    let schema = backend.schema().to_owned();
+    let mut conn = PgConnection::connect(&common::database_url()).await.expect("connect");
+    let s = format!("\"{schema}\"");
+    let fill_jobs = |from: i64, to: i64| {
+        format!(
+            "WITH k AS (INSERT INTO {s}.job_keys (idempotency_key, fingerprint) \
+                 SELECT 'plan:n=' || n, 'f' FROM generate_series({from}, {to}) n RETURNING job_id, idempotency_key) \
+             INSERT INTO {s}.jobs (id, kind, idempotency_key, provider_key, payload, cap) \
+             SELECT job_id, 'plan', idempotency_key, gen_random_uuid(), '{{}}', 5 FROM k"
+        )
+    };
+    let claim_all_but = |keep: i64| {
+        format!(
+            "UPDATE {s}.jobs SET status = 'running', run_at = NULL, lease_token = gen_random_uuid(), \
+             locked_until = now() + interval '1 hour', attempts = 1, claims = 1 \
+             WHERE status = 'queued' AND id > (SELECT min(id) + {keep} FROM {s}.jobs WHERE status = 'queued')"
+        )
+    };
+    let complete_all_but = |keep: i64| {
+        format!(
+            "UPDATE {s}.jobs SET status = 'done', locked_until = NULL \
+             WHERE status = 'running' AND id > (SELECT min(id) + {keep} FROM {s}.jobs WHERE status = 'running')"
+        )
+    };
+    let analyze = format!("ANALYZE {s}.jobs; ANALYZE {s}.job_keys; ANALYZE {s}.processed_keys");
+    exec(
+        &mut conn,
+        &format!(
+            "INSERT INTO {s}.processed_keys (idempotency_key, fingerprint, state, result) \
+             SELECT 'ledger:n=' || n, 'f', 'done', 'null' FROM generate_series(1, {ROWS}) n"
+        ),
+    )
+    .await;
+    exec(&mut conn, &fill_jobs(1, ROWS)).await;
+
+    let mut failures = Vec::new();
+    failures.extend(check_plans(&mut conn, &schema, "no statistics, all queued").await);
+    exec(&mut conn, &analyze).await;
+    failures.extend(check_plans(&mut conn, &schema, "analyzed with all queued").await);
+    exec(&mut conn, &claim_all_but(500)).await;
+    failures.extend(check_plans(&mut conn, &schema, "all queued in the statistics, most now running").await);
+    exec(&mut conn, &analyze).await;
+    failures.extend(check_plans(&mut conn, &schema, "analyzed with most running").await);
+    exec(&mut conn, &complete_all_but(500)).await;
+    failures.extend(check_plans(&mut conn, &schema, "most running in the statistics, most now done").await);
+    exec(&mut conn, &analyze).await;
+    failures.extend(check_plans(&mut conn, &schema, "analyzed with most done").await);
+    exec(&mut conn, &fill_jobs(ROWS + 1, 3 * ROWS)).await;
+    exec(&mut conn, &claim_all_but(ROWS)).await;
+    failures.extend(check_plans(&mut conn, &schema, "most done in the statistics, after a bulk enqueue").await);
+
+    assert!(failures.is_empty(), "{} plans read a guarded table without an index condition:\n{}", failures.len(), {
+        failures.join("\n\n")
+    });
+}
