@@ -42,7 +42,7 @@ impl PgConfig {
             max_connections: 10,
             max_payload: 1024 * 1024,
             poll: Duration::from_secs(1),
-            sweep_every: Duration::from_secs(2),
+            sweep_every: Duration::from_secs(1),
             listen: true,
             application_name: "redrive".into(),
         }
@@ -83,7 +83,7 @@ impl PgConfig {
         self
     }
 
-    /// How often claims also return expired leases to the queue (default 2 s).
+    /// How often claims also return expired leases to the queue (default 1 s).
     pub fn with_sweep_every(mut self, every: Duration) -> Self {
         self.sweep_every = every;
         self

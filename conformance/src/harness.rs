@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use redrive_core::alert::BoxFuture;
 use redrive_core::{
-    Alert, AlertSink, Backoff, FailureQuery, FailureRecord, IdempotencyKey, Job, JobContext, JobError, KeyBuilder,
-    Ledger, NewJob, ProviderKey, RunningWorker, Worker, WorkerConfig,
+    Alert, AlertSink, Backoff, Begin, Claim, Claimed, Enqueue, Enqueued, FailureQuery, FailureRecord, Hold,
+    IdempotencyKey, Job, JobContext, JobError, KeyBuilder, Lease, Ledger, NewJob, ProviderKey, RunningWorker, Worker,
+    WorkerConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -72,6 +73,8 @@ pub(crate) enum Fault {
     Permanent,
     /// Fails the first `n` attempts, then succeeds.
     First(u32),
+    /// Never returns on the first attempt (its worker is then killed); succeeds after that.
+    HangFirst,
 }
 
 #[derive(Default)]
@@ -127,6 +130,7 @@ impl Script {
                 return Err(JobError::permanent(format!("forced permanent failure of probe {}", job.id)));
             }
             Some(Fault::First(n)) if ctx.attempt <= n => return Err(JobError::retry("forced transient failure")),
+            Some(Fault::HangFirst) if ctx.attempt == 1 => std::future::pending::<()>().await,
             _ => {}
         }
         self.effects.lock().unwrap().push(Effect {
@@ -176,8 +180,12 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
     }
 
     pub(crate) fn worker_with(&self, concurrency: usize, lease: Duration, grace: Duration) -> RunningWorker {
-        let script = Arc::clone(&self.script);
-        let config = WorkerConfig {
+        self.start_worker(self.config(concurrency, lease, grace))
+    }
+
+    /// The scenario settings for a worker: the given lease and grace, no backoff.
+    pub(crate) fn config(&self, concurrency: usize, lease: Duration, grace: Duration) -> WorkerConfig {
+        WorkerConfig {
             concurrency,
             batch: concurrency,
             claimers: 2,
@@ -186,8 +194,24 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
             poll: Duration::from_millis(200),
             backoff: Backoff::NONE,
             shutdown_grace: grace,
-        };
-        Worker::builder(self.s.queue.clone(), self.s.ledger.clone())
+            ..WorkerConfig::default()
+        }
+    }
+
+    /// Starts a worker running the probe handler on the subject's queue and ledger.
+    pub(crate) fn start_worker(&self, config: WorkerConfig) -> RunningWorker {
+        self.start_worker_on(self.s.queue.clone(), self.s.ledger.clone(), config)
+    }
+
+    /// Starts a worker running the probe handler on `queue` and `ledger` (the subject's, wrapped).
+    pub(crate) fn start_worker_on<Q2: Claim + 'static, L2: Ledger + 'static>(
+        &self,
+        queue: Q2,
+        ledger: L2,
+        config: WorkerConfig,
+    ) -> RunningWorker {
+        let script = Arc::clone(&self.script);
+        Worker::builder(queue, ledger)
             .config(config)
             .handle::<Probe>(move |job: Probe, ctx: JobContext| {
                 let script = Arc::clone(&script);
@@ -302,3 +326,83 @@ macro_rules! ensure {
     };
 }
 pub(crate) use ensure;
+
+/// A backend (queue and ledger) as seen by a process that froze: once [`kill`](Self::kill)ed,
+/// every call it starts never returns, so nothing it holds is settled, extended or handed back,
+/// as when the process is killed. Calls already in flight finish.
+#[derive(Clone)]
+pub(crate) struct Frozen<T> {
+    inner: T,
+    killed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<T> Frozen<T> {
+    pub(crate) fn new(inner: T, killed: &Arc<std::sync::atomic::AtomicBool>) -> Self {
+        Self { inner, killed: Arc::clone(killed) }
+    }
+
+    async fn alive(&self) {
+        if self.killed.load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+type R<T> = redrive_core::Result<T>;
+
+impl<T: Enqueue> Enqueue for Frozen<T> {
+    async fn enqueue(&self, job: NewJob) -> R<Enqueued> {
+        self.alive().await;
+        self.inner.enqueue(job).await
+    }
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> R<Vec<Enqueued>> {
+        self.alive().await;
+        self.inner.enqueue_batch(jobs).await
+    }
+}
+
+impl<T: Claim> Claim for Frozen<T> {
+    async fn claim(&self, max: usize, lease: Duration, wait: Duration) -> R<Vec<Claimed>> {
+        self.alive().await;
+        self.inner.claim(max, lease, wait).await
+    }
+    async fn complete(&self, lease: &Lease) -> R<()> {
+        self.alive().await;
+        self.inner.complete(lease).await
+    }
+    async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> R<()> {
+        self.alive().await;
+        self.inner.retry(lease, delay, error).await
+    }
+    async fn extend(&self, lease: &Lease, by: Duration) -> R<()> {
+        self.alive().await;
+        self.inner.extend(lease, by).await
+    }
+    async fn release(&self, lease: &Lease) -> R<()> {
+        self.alive().await;
+        self.inner.release(lease).await
+    }
+    async fn dead_letter(&self, job: &Claimed, error: &str) -> R<FailureRecord> {
+        self.alive().await;
+        self.inner.dead_letter(job, error).await
+    }
+}
+
+impl<T: Ledger> Ledger for Frozen<T> {
+    async fn begin(&self, key: &IdempotencyKey, payload: &serde_json::Value, hold: Duration) -> R<Begin> {
+        self.alive().await;
+        self.inner.begin(key, payload, hold).await
+    }
+    async fn extend_hold(&self, hold: &Hold, by: Duration) -> R<()> {
+        self.alive().await;
+        self.inner.extend_hold(hold, by).await
+    }
+    async fn release_hold(&self, hold: &Hold) -> R<()> {
+        self.alive().await;
+        self.inner.release_hold(hold).await
+    }
+    async fn finish(&self, hold: &Hold, result: &serde_json::Value) -> R<()> {
+        self.alive().await;
+        self.inner.finish(hold, result).await
+    }
+}

@@ -1,6 +1,6 @@
 //! The conformance suite every redrive backend passes, and that you can run against your own.
 //!
-//! Twelve behaviours, one public `async fn` each, every one taking a fresh [`Subject`]: the
+//! The behaviours, one public `async fn` each, every one taking a fresh [`Subject`]: the
 //! queue under test, the effect ledger it runs with, and its declared [`Capabilities`]
 //! (differences between backends are declared, never skipped). Each scenario keeps its own
 //! effect log with **no unique constraint**, so a duplicated effect shows, and ends by sorting
@@ -21,11 +21,12 @@
 //! | 10 | [`many_workers`] | many workers, many jobs, duplicate keys: each key done once or recorded |
 //! | 11 | [`discard_and_purge`] | discard with reason and actor, purge by age, counts right |
 //! | 12 | [`graceful_shutdown`] | shutdown loses and duplicates nothing |
+//! | 13 | [`stranded_claims`] | a worker that dies strands its claimed-ahead jobs for the claim lease, not the lease |
 //!
 //! # Running it against your backend
 //!
 //! Write an `async fn` that returns a [`Subject`] on fresh, isolated storage (its own schema or
-//! queue), then let [`suite!`] write the twelve named tests. Your crate needs `tokio` (with the
+//! queue), then let [`suite!`] write one named test per behaviour. Your crate needs `tokio` (with the
 //! `macros` and `rt-multi-thread` features) as a dev-dependency.
 //!
 //! ```
@@ -44,7 +45,7 @@
 //!     Subject { queue: backend.clone(), ledger: backend, caps }
 //! }
 //!
-//! // In tests/conformance.rs: twelve #[tokio::test]s named after the scenarios.
+//! // In tests/conformance.rs: one #[tokio::test] per scenario, named after it.
 //! redrive_conformance::suite!(my_backend());
 //! ```
 //!
@@ -195,7 +196,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 12] = [
+pub const SCENARIOS: [&str; 13] = [
     "replay",
     "race",
     "exhaust",
@@ -208,15 +209,16 @@ pub const SCENARIOS: [&str; 12] = [
     "many_workers",
     "discard_and_purge",
     "graceful_shutdown",
+    "stranded_claims",
 ];
 
-/// Writes the twelve scenarios as named `#[tokio::test]`s, each given a fresh subject from
+/// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
 /// `$subject` (an expression evaluating to a future of a [`Subject`]); see the crate docs.
 #[macro_export]
 macro_rules! suite {
     ($subject:expr) => {
         $crate::suite!(@each $subject; replay race exhaust recover key_conflict undecodable oversized
-            dead_worker stale_lease many_workers discard_and_purge graceful_shutdown);
+            dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

@@ -1,12 +1,15 @@
-//! The twelve behaviours. Each takes a fresh subject and returns its key sort or a violation.
+//! The behaviours. Each takes a fresh subject and returns its key sort or a violation.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redrive_core::{Begin, ErrorKind, FailureQuery, Ledger, NewJob, RecordState, ReplayExt, ReplayOutcome};
+use redrive_core::{
+    Begin, ErrorKind, FailureQuery, Ledger, NewJob, RecordState, ReplayExt, ReplayOutcome, WorkerConfig,
+};
 use serde_json::json;
 
-use crate::harness::{Fault, Probe, Run, ensure};
+use crate::harness::{Fault, Frozen, Probe, Run, ensure};
 use crate::{Outcome, Queue, Subject};
 
 /// Behaviour 1: The same job enqueued twice with one key gives one effect.
@@ -479,5 +482,64 @@ pub async fn graceful_shutdown<Q: Queue, L: Ledger + Clone + 'static>(subject: S
     run.wait_for_effects(ids.len()).await?;
     run.settle().await;
     finisher.shutdown().await;
+    run.report(&ids, &[]).await
+}
+
+/// Behaviour 13: A worker that dies with jobs claimed ahead of its handlers strands them for the
+/// claim lease, not the lease: another worker runs them within a few claim leases, once each. The
+/// job whose handler was running keeps its full lease (its handler may still be at work), then
+/// runs once, told that an earlier attempt was left pending.
+pub async fn stranded_claims<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
+    let run = Run::new("stranded_claims", subject);
+    let ids: Vec<u32> = (40..80).collect();
+    let hung = 45;
+    run.script.fault(hung, Fault::HangFirst);
+    let jobs = ids.iter().map(|&id| Probe::new(id).new_job()).collect();
+    run.must("batch enqueue", run.s.queue.enqueue_batch(jobs).await)?;
+
+    // One handler, a claim lease of one unit and a full lease of eight: the jobs before the hung
+    // one teach the worker that jobs are quick, so it claims whole batches ahead of the handler.
+    let unit = run.s.caps.lease;
+    let config = WorkerConfig { claim_lease: unit, batch: 8, ..run.config(1, unit * 8, Duration::ZERO) };
+    let killed = Arc::new(AtomicBool::new(false));
+    let dying = run.start_worker_on(
+        Frozen::new(run.s.queue.clone(), &killed),
+        Frozen::new(run.s.ledger.clone(), &killed),
+        config,
+    );
+    let script = Arc::clone(&run.script);
+    let key = Probe::key(hung);
+    run.wait_for("the hanging handler to start", || {
+        let (script, key) = (Arc::clone(&script), key.clone());
+        async move { !script.starts_of(&key).is_empty() }
+    })
+    .await?;
+    tokio::time::sleep(unit / 4).await; // the claimers fill the buffer
+    killed.store(true, Ordering::SeqCst);
+    let killed_at = tokio::time::Instant::now();
+    let (claimed, started) = (dying.stats().claimed, run.script.starts.lock().unwrap().len() as u64);
+    ensure!(run, claimed > started, "the worker should hold jobs claimed ahead (claimed {claimed}, started {started})");
+
+    let survivor = run.worker(4);
+    run.wait_for_effects(ids.len() - 1).await?;
+    let took = killed_at.elapsed();
+    ensure!(
+        run,
+        took < unit * 5,
+        "the {} jobs claimed ahead and never started took {took:?} to run after their worker died; \
+         they should wait out the claim lease ({unit:?}), not the lease ({:?})",
+        claimed - started,
+        unit * 8
+    );
+    run.wait_for_effects(ids.len()).await?;
+    run.settle().await;
+    survivor.shutdown().await;
+    let effects = run.script.effects_of(&key);
+    ensure!(
+        run,
+        effects.len() == 1 && effects[0].attempt >= 2 && effects[0].earlier_attempt_pending,
+        "the hung job should run once more after its lease, told its first attempt was left pending: {effects:?}"
+    );
+    drop(dying); // its tasks stay parked on the frozen backend
     run.report(&ids, &[]).await
 }

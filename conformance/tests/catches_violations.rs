@@ -10,12 +10,21 @@ use redrive_core::{
 };
 use serde_json::Value;
 
-/// A queue whose acknowledgements are lost: `complete` answers Ok and changes nothing, so
-/// every job comes back after its lease, as on a broker whose delete failed silently.
+/// The in-memory backend with one fault.
 #[derive(Clone)]
-struct AckLost(MemoryBackend);
+struct Broken(MemoryBackend, Fault);
 
-impl Enqueue for AckLost {
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// Acknowledgements are lost: `complete` answers Ok and changes nothing, so every job comes
+    /// back after its lease, as on a broker whose delete failed silently.
+    AckLost,
+    /// Claims ignore the lease asked for and hold jobs eight times as long, as a backend with a
+    /// fixed visibility timeout would.
+    FixedLease,
+}
+
+impl Enqueue for Broken {
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
         self.0.enqueue(job).await
     }
@@ -24,12 +33,16 @@ impl Enqueue for AckLost {
     }
 }
 
-impl Claim for AckLost {
+impl Claim for Broken {
     async fn claim(&self, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+        let lease = if self.1 == Fault::FixedLease { lease * 8 } else { lease };
         self.0.claim(max, lease, wait).await
     }
-    async fn complete(&self, _lease: &Lease) -> Result<()> {
-        Ok(())
+    async fn complete(&self, lease: &Lease) -> Result<()> {
+        if self.1 == Fault::AckLost {
+            return Ok(());
+        }
+        self.0.complete(lease).await
     }
     async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
         self.0.retry(lease, delay, error).await
@@ -45,7 +58,7 @@ impl Claim for AckLost {
     }
 }
 
-impl DeadLetter for AckLost {
+impl DeadLetter for Broken {
     async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
         self.0.list(query).await
     }
@@ -63,7 +76,7 @@ impl DeadLetter for AckLost {
     }
 }
 
-impl Replay for AckLost {
+impl Replay for Broken {
     async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
         self.0.replay(id).await
     }
@@ -94,7 +107,7 @@ fn caps() -> Capabilities {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_acks_without_a_ledger_are_caught_as_duplicated() {
-    let queue = AckLost(MemoryBackend::new());
+    let queue = Broken(MemoryBackend::new(), Fault::AckLost);
     let violation = redrive_conformance::replay(Subject { queue, ledger: Amnesiac, caps: caps() }).await.unwrap_err();
     let report = violation.report.expect("the scenario got as far as the key sort");
     assert_eq!(
@@ -107,7 +120,7 @@ async fn lost_acks_without_a_ledger_are_caught_as_duplicated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ledger_alone_keeps_lost_acks_to_one_effect() {
     let backend = MemoryBackend::new();
-    let queue = AckLost(backend.clone());
+    let queue = Broken(backend.clone(), Fault::AckLost);
     let report = redrive_conformance::replay(Subject { queue, ledger: backend, caps: caps() }).await.unwrap();
     assert_eq!(report.done_once.len(), 1);
 }
@@ -118,4 +131,13 @@ async fn a_ledger_that_forgets_fails_the_race() {
     let violation =
         redrive_conformance::race(Subject { queue: backend, ledger: Amnesiac, caps: caps() }).await.unwrap_err();
     assert!(violation.message.contains("exactly one racing attempt"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_holds_claims_for_the_whole_lease_fails_stranded_claims() {
+    let backend = MemoryBackend::new();
+    let queue = Broken(backend.clone(), Fault::FixedLease);
+    let caps = Capabilities { lease: Duration::from_millis(500), ..caps() };
+    let violation = redrive_conformance::stranded_claims(Subject { queue, ledger: backend, caps }).await.unwrap_err();
+    assert!(violation.message.contains("claimed ahead and never started"), "{violation}");
 }

@@ -35,12 +35,19 @@ pub struct WorkerConfig {
     /// asks for about a second of work at the handlers' recent pace, up to this: quick jobs come
     /// in full batches, slow ones a few at a time, so workers sharing a queue share its work.
     /// Claimed jobs wait in a buffer ahead of the handlers (at most `batch × claimers`); one that
-    /// waits half its lease is handed back rather than run late.
+    /// waits half its claim lease is handed back rather than run late.
     pub batch: usize,
     /// Claim calls in flight at once (default 4), so claims' round trips overlap.
     pub claimers: usize,
-    /// How long a claim holds a job before another worker may take it (default 30 s).
+    /// How long a running handler's job is held before another worker may take it (default
+    /// 30 s); the heartbeat renews it.
     pub lease: Duration,
+    /// The shorter lease a job is claimed with, until its handler starts (default 3 s; at most
+    /// `lease`). A worker that dies strands the jobs it claimed ahead for this long, not for a
+    /// whole `lease`. A handler still running after its first poll has its job's lease extended
+    /// to `lease` at once, heartbeat or not; a handler done at its first poll settles within the
+    /// claim lease and costs no extension.
+    pub claim_lease: Duration,
     /// How often a running handler's lease is extended; `None` turns the heartbeat off
     /// (default: a third of the lease). The ledger hold is extended at this pace (or a third of
     /// the lease) either way, for as long as the handler runs.
@@ -54,6 +61,13 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
 }
 
+impl WorkerConfig {
+    /// The lease jobs are claimed with: `claim_lease`, never longer than `lease`.
+    fn claim_lease(&self) -> Duration {
+        self.claim_lease.min(self.lease)
+    }
+}
+
 impl Default for WorkerConfig {
     fn default() -> Self {
         let lease = Duration::from_secs(30);
@@ -62,6 +76,7 @@ impl Default for WorkerConfig {
             batch: 128,
             claimers: 4,
             lease,
+            claim_lease: Duration::from_secs(3),
             heartbeat: Some(lease / 3),
             poll: Duration::from_secs(1),
             backoff: Backoff::default(),
@@ -419,7 +434,7 @@ async fn claimer<Q: Claim + 'static, L: Ledger + 'static>(
                 break;
             }
         }
-        let claimed = match shared.queue.claim(want, shared.config.lease, shared.config.poll).await {
+        let claimed = match shared.queue.claim(want, shared.config.claim_lease(), shared.config.poll).await {
             Ok(claimed) => {
                 failures = 0;
                 claimed
@@ -482,9 +497,9 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
         };
         let span = job_span(&job);
         let shared = Arc::clone(&shared);
-        if claimed_at.elapsed() >= shared.config.lease / 2 {
-            // It waited in the buffer for half its lease: give it back rather than run it on a
-            // lease about to lapse.
+        if claimed_at.elapsed() >= shared.config.claim_lease() / 2 {
+            // It waited in the buffer for half its claim lease: give it back rather than run it
+            // on a lease about to lapse.
             tracker.spawn(async move { shared.give_back(&job).await }.instrument(span));
             continue;
         }
@@ -632,25 +647,37 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
         if let Some(result) = (&mut run).now_or_never() {
             return Some(finished(result));
         }
+        tokio::select! {
+            result = &mut run => Some(finished(result)),
+            () = self.keep_alive(claimed, hold) => unreachable!("keep_alive never returns"),
+            () = abandon.cancelled() => None,
+        }
+    }
+
+    /// For as long as a handler runs (polled beside it, so it never holds the handler up): moves
+    /// its job from the claim lease to the full lease, then keeps the ledger hold alive and, with
+    /// the heartbeat on, the lease.
+    async fn keep_alive(&self, claimed: &Claimed, hold: &Hold) {
+        let config = &self.config;
+        if config.claim_lease() < config.lease
+            && let Err(e) = self.queue.extend(&claimed.lease, config.lease).await
+        {
+            warn!(error = %e, "could not move the job to its full lease; another worker may take it");
+        }
         // The ledger hold is kept alive for as long as the handler runs, heartbeat or not: it
         // says "an attempt is alive", so a redelivery meanwhile waits instead of repeating the
         // effect. The lease is extended only with the heartbeat on.
-        let every = self.config.heartbeat.unwrap_or(self.config.lease / 3).max(Duration::from_millis(10));
+        let every = config.heartbeat.unwrap_or(config.lease / 3).max(Duration::from_millis(10));
         let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
-            tokio::select! {
-                result = &mut run => return Some(finished(result)),
-                _ = beat.tick() => {
-                    if let Err(e) = self.ledger.extend_hold(hold, self.config.lease).await {
-                        warn!(error = %e, "could not extend the key's hold; a redelivery may repeat the effect");
-                    }
-                    if self.config.heartbeat.is_some()
-                        && let Err(e) = self.queue.extend(&claimed.lease, self.config.lease).await
-                    {
-                        warn!(error = %e, "heartbeat failed; another worker may take this job");
-                    }
-                }
-                () = abandon.cancelled() => return None,
+            beat.tick().await;
+            if let Err(e) = self.ledger.extend_hold(hold, config.lease).await {
+                warn!(error = %e, "could not extend the key's hold; a redelivery may repeat the effect");
+            }
+            if config.heartbeat.is_some()
+                && let Err(e) = self.queue.extend(&claimed.lease, config.lease).await
+            {
+                warn!(error = %e, "heartbeat failed; another worker may take this job");
             }
         }
     }
