@@ -204,7 +204,23 @@ struct Typed<J, H>(H, std::marker::PhantomData<fn() -> J>);
 impl<J: Job, H: Handler<J>> Erased for Typed<J, H> {
     fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String> {
         let job = J::deserialize(payload).map_err(|e| e.to_string())?;
-        Ok(self.0.call(job, ctx))
+        // A handler runs code before it returns its future (a closure's body up to `async`). A
+        // panic there must end this attempt like one inside the future, not the worker's task:
+        // otherwise nothing settles the job and it waits out its lease, its panic message lost.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| self.0.call(job, ctx))) {
+            Ok(run) => Ok(run),
+            Err(panic) => Ok(Box::pin(std::future::ready(Err(panicked(panic))))),
+        }
+    }
+}
+
+/// A failed attempt for a handler that panicked, keeping the panic's message (the handler
+/// author's words) when it is a string, as `panic!` and `expect` make it.
+fn panicked(panic: Box<dyn std::any::Any + Send>) -> JobError {
+    let message = panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+    match message {
+        Some(message) => JobError::retry(format!("the handler panicked: {message}")),
+        None => JobError::retry("the handler panicked"),
     }
 }
 
@@ -624,9 +640,7 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
         abandon: &CancellationToken,
     ) -> Option<HandlerResult> {
         let mut run = AssertUnwindSafe(run).catch_unwind();
-        let finished = |result: std::thread::Result<HandlerResult>| {
-            result.unwrap_or_else(|_| Err(JobError::retry("the handler panicked")))
-        };
+        let finished = |result: std::thread::Result<HandlerResult>| result.unwrap_or_else(|p| Err(panicked(p)));
         // A handler that is done at its first poll needs no heartbeat timer. (That poll has a
         // no-op waker; a pending handler is polled again at once below, with the real one.)
         if let Some(result) = (&mut run).now_or_never() {
@@ -830,7 +844,36 @@ mod tests {
         let record = records(&backend, 1).await.remove(0);
         worker.shutdown().await;
         assert_eq!((record.attempts, *runs.lock().unwrap()), (3, 3));
-        assert!(record.last_error.contains("panicked"));
+        assert!(record.last_error.contains("the handler panicked: bug in the handler"), "{}", record.last_error);
+    }
+
+    #[tokio::test]
+    async fn a_handler_panicking_before_its_future_is_a_failed_attempt_with_its_message() {
+        let backend = MemoryBackend::new();
+        backend.enqueue_job(&Ping { n: 1 }).await.unwrap();
+        let runs = Arc::new(Mutex::new(0));
+        let counter = Arc::clone(&runs);
+        let worker = Worker::builder(backend.clone(), backend.clone())
+            .config(fast())
+            .handle::<Ping>(move |job: Ping, _ctx: JobContext| {
+                *counter.lock().unwrap() += 1;
+                if job.n > 0 {
+                    // A `String` payload, as a formatted panic has.
+                    panic!("no limit configured for ping {}", job.n);
+                }
+                async move { Ok::<_, JobError>(()) }
+            })
+            .build()
+            .start();
+        let record = records(&backend, 1).await.remove(0);
+        let stats = worker.shutdown().await;
+        assert_eq!((record.attempts, *runs.lock().unwrap(), stats.retried), (3, 3, 2), "every attempt ran and failed");
+        assert!(
+            record.last_error.contains("the handler panicked: no limit configured for ping 1"),
+            "{}",
+            record.last_error
+        );
+        assert!(record.errors.iter().all(|e| e.error.contains("no limit configured")), "{:?}", record.errors);
     }
 
     #[tokio::test]
