@@ -11,6 +11,7 @@
 
 pub mod alert;
 pub mod backend;
+mod decode;
 pub mod envelope;
 pub mod error;
 pub mod job;

@@ -203,7 +203,9 @@ struct Typed<J, H>(H, std::marker::PhantomData<fn() -> J>);
 
 impl<J: Job, H: Handler<J>> Erased for Typed<J, H> {
     fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String> {
-        let job = J::deserialize(payload).map_err(|e| e.to_string())?;
+        // The message names the field and the expected type, never the value: it is logged,
+        // stored as the record's last error and alerted.
+        let job = crate::decode::payload::<J>(payload)?;
         // A handler runs code before it returns its future (a closure's body up to `async`). A
         // panic there must end this attempt like one inside the future, not the worker's task:
         // otherwise nothing settles the job and it waits out its lease, its panic message lost.
@@ -874,6 +876,90 @@ mod tests {
             record.last_error
         );
         assert!(record.errors.iter().all(|e| e.error.contains("no limit configured")), "{:?}", record.errors);
+    }
+
+    #[derive(Debug, Serialize, Deserialize)]
+    struct Charge {
+        order: u32,
+        card: Card,
+    }
+
+    #[derive(Debug, Serialize, Deserialize)]
+    struct Card {
+        number: u64,
+    }
+
+    impl Job for Charge {
+        const KIND: &'static str = "charge";
+        fn key(&self, key: KeyBuilder) -> KeyBuilder {
+            key.fact("order", self.order)
+        }
+    }
+
+    /// Every alert's summary (the webhook's text), kept.
+    #[derive(Clone, Default)]
+    struct Collect(Arc<Mutex<Vec<String>>>);
+
+    impl AlertSink for Collect {
+        fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, crate::Result<()>> {
+            self.0.lock().unwrap().push(alert.summary());
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// Tracing output, as a subscriber writing into a buffer gets it.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_payload_that_does_not_decode_is_named_by_field_never_by_value() {
+        const CANARY: &str = "4111111111111111";
+        let logs = Captured::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        // The test's runtime is single-threaded: the worker's tasks log through this subscriber.
+        let _logging = tracing::subscriber::set_default(subscriber);
+        let backend = MemoryBackend::new();
+        let key = IdempotencyKey::builder("charge").fact("order", 7).build().unwrap();
+        let payload = json!({"order": 7, "card": {"number": CANARY}});
+        backend.enqueue(NewJob::new("charge", key, payload.clone()).unwrap()).await.unwrap();
+        let alerts = Collect::default();
+        let worker = Worker::builder(backend.clone(), backend.clone())
+            .config(fast())
+            .handle::<Charge>(|_job: Charge, _ctx: JobContext| async { Ok::<_, JobError>(()) })
+            .alert(alerts.clone())
+            .alert(TracingAlerts)
+            .build()
+            .start();
+        let record = records(&backend, 1).await.remove(0);
+        worker.shutdown().await;
+        assert_eq!(record.payload, payload, "the record keeps the payload, for a replay");
+        assert_eq!(record.attempts, 1);
+        assert_eq!(
+            record.last_error,
+            "payload does not decode: field `card.number`: invalid type: string, expected u64"
+        );
+        let alerts = alerts.0.lock().unwrap().join("\n");
+        assert!(alerts.contains("field `card.number`"), "{alerts}");
+        let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        assert!(logs.contains("failure record written"), "the subscriber saw the worker: {logs}");
+        for (what, text) in [("last error", &record.last_error), ("alert", &alerts), ("logs", &logs)] {
+            assert!(!text.contains(CANARY), "the {what} quotes the payload: {text}");
+        }
     }
 
     #[tokio::test]
