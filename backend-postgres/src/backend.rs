@@ -495,6 +495,7 @@ fn claimed_from(row: &PgRow) -> Result<Claimed> {
             cap: row.get::<i32, _>("cap") as u32,
             severity: severity_from(row.get("severity")),
             enqueued_at: row.get("created_at"),
+            undecodable: None,
         },
         lease: Lease { job_id: JobId(id.to_string()), token: token.to_string() },
     })

@@ -172,6 +172,7 @@ impl State {
                     cap: job.cap,
                     severity: job.severity,
                     enqueued_at: stored.enqueued_at,
+                    undecodable: None,
                 },
                 lease: Lease { job_id: JobId(id.to_string()), token },
             });

@@ -547,6 +547,11 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
 
     async fn process(&self, claimed: Claimed, slot: OwnedSemaphorePermit, abandon: CancellationToken) {
         let job = &claimed.job;
+        if let Some(why) = &job.undecodable {
+            // The backend could not read it: its kind and payload are stand-ins, so no handler
+            // may see it, whatever kind it claims. Reading it again cannot succeed: no retries.
+            return self.dead_letter(&claimed, why).await;
+        }
         let Some(handler) = self.handlers.get(&job.kind) else {
             return self.dead_letter(&claimed, &format!("no handler is registered for kind `{}`", job.kind)).await;
         };
