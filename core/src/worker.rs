@@ -227,12 +227,64 @@ fn panicked(panic: Box<dyn std::any::Any + Send>) -> JobError {
 }
 
 /// Builds a [`Worker`]: the queue to claim from, the ledger, the handlers, the alert sinks.
+///
+/// The setters ([`concurrency`](Self::concurrency), [`lease`](Self::lease), [`poll`](Self::poll)
+/// …) compose in any order, and with [`config`](Self::config): a whole [`WorkerConfig`] is the
+/// base, and each setter called, before or after it, overrides its one field.
+///
+/// ```
+/// use std::time::Duration;
+/// use redrive_core::{MemoryBackend, Worker, WorkerConfig};
+///
+/// let backend = MemoryBackend::new();
+/// let worker = Worker::builder(backend.clone(), backend)
+///     .concurrency(2)
+///     .config(WorkerConfig { concurrency: 16, batch: 32, ..WorkerConfig::default() })
+///     .lease(Duration::from_secs(60))
+///     .build();
+/// // The setter wins over the base, whichever came first; the base's other fields stay.
+/// assert_eq!((worker.config().concurrency, worker.config().batch), (2, 32));
+/// assert_eq!(worker.config().heartbeat, Some(Duration::from_secs(20)), "a third of the lease");
+/// ```
 pub struct WorkerBuilder<Q, L> {
     queue: Q,
     ledger: L,
     config: WorkerConfig,
+    set: Overrides,
     handlers: HashMap<String, Arc<dyn Erased>>,
     alerts: Vec<Arc<dyn AlertSink>>,
+}
+
+/// The fields a builder's setters chose, applied over the base configuration at `build`, so
+/// that `config(..)` and the setters compose in any order.
+#[derive(Debug, Default)]
+struct Overrides {
+    concurrency: Option<usize>,
+    batch: Option<usize>,
+    claimers: Option<usize>,
+    lease: Option<Duration>,
+    heartbeat: Option<Option<Duration>>,
+    poll: Option<Duration>,
+    backoff: Option<Backoff>,
+    shutdown_grace: Option<Duration>,
+}
+
+impl Overrides {
+    fn apply(self, mut config: WorkerConfig) -> WorkerConfig {
+        config.concurrency = self.concurrency.unwrap_or(config.concurrency);
+        config.batch = self.batch.unwrap_or(config.batch);
+        config.claimers = self.claimers.unwrap_or(config.claimers);
+        if let Some(lease) = self.lease {
+            config.lease = lease;
+            // The heartbeat follows a new lease, unless it was set or turned off.
+            config.heartbeat = config.heartbeat.map(|_| lease / 3);
+        }
+        config.heartbeat = self.heartbeat.unwrap_or(config.heartbeat);
+        config.poll = self.poll.unwrap_or(config.poll);
+        config.backoff = self.backoff.unwrap_or(config.backoff);
+        config.shutdown_grace = self.shutdown_grace.unwrap_or(config.shutdown_grace);
+        config
+    }
 }
 
 impl<Q: Claim + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
@@ -242,28 +294,62 @@ impl<Q: Claim + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
         self
     }
 
-    /// Replaces the whole configuration.
+    /// Sets the base configuration: every field a setter of this builder does not set, whether
+    /// that setter is called before or after this. Called twice, the later base wins.
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.config = config;
         self
     }
 
-    /// Handlers running at once.
+    /// Handlers running at once (at least 1). See [`WorkerConfig::concurrency`].
     pub fn concurrency(mut self, n: usize) -> Self {
-        self.config.concurrency = n.max(1);
+        self.set.concurrency = Some(n.max(1));
         self
     }
 
-    /// The lease per claim; the heartbeat follows at a third of it unless set after this.
+    /// Most jobs per claim call (at least 1). See [`WorkerConfig::batch`].
+    pub fn batch(mut self, n: usize) -> Self {
+        self.set.batch = Some(n.max(1));
+        self
+    }
+
+    /// Claim calls in flight at once (at least 1). See [`WorkerConfig::claimers`].
+    pub fn claimers(mut self, n: usize) -> Self {
+        self.set.claimers = Some(n.max(1));
+        self
+    }
+
+    /// The lease per claim. The heartbeat follows at a third of it, unless
+    /// [`heartbeat`](Self::heartbeat) is called (before or after this) or the base
+    /// configuration turned it off.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.config.lease = lease;
-        self.config.heartbeat = self.config.heartbeat.map(|_| lease / 3);
+        self.set.lease = Some(lease);
+        self
+    }
+
+    /// How often a running handler's lease is extended; `None` turns the heartbeat off. See
+    /// [`WorkerConfig::heartbeat`].
+    pub fn heartbeat(mut self, every: Option<Duration>) -> Self {
+        self.set.heartbeat = Some(every);
+        self
+    }
+
+    /// How long one claim call waits for work. See [`WorkerConfig::poll`].
+    pub fn poll(mut self, wait: Duration) -> Self {
+        self.set.poll = Some(wait);
         self
     }
 
     /// The delays between attempts.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.config.backoff = backoff;
+        self.set.backoff = Some(backoff);
+        self
+    }
+
+    /// On shutdown, how long running handlers get to finish. See
+    /// [`WorkerConfig::shutdown_grace`].
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.set.shutdown_grace = Some(grace);
         self
     }
 
@@ -278,12 +364,13 @@ impl<Q: Claim + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
         if self.alerts.is_empty() {
             self.alerts.push(Arc::new(TracingAlerts));
         }
+        let config = self.set.apply(self.config);
         Worker {
             shared: Arc::new(Shared {
                 queue: self.queue,
                 ledger: self.ledger,
-                policy: RetryPolicy { backoff: self.config.backoff },
-                config: self.config,
+                policy: RetryPolicy { backoff: config.backoff },
+                config,
                 handlers: self.handlers,
                 alerts: self.alerts,
                 counters: Counters::default(),
@@ -318,7 +405,19 @@ struct Shared<Q, L> {
 impl<Q: Claim + 'static, L: Ledger + 'static> Worker<Q, L> {
     /// Starts building a worker over `queue` and `ledger` (often the same backend value).
     pub fn builder(queue: Q, ledger: L) -> WorkerBuilder<Q, L> {
-        WorkerBuilder { queue, ledger, config: WorkerConfig::default(), handlers: HashMap::new(), alerts: Vec::new() }
+        WorkerBuilder {
+            queue,
+            ledger,
+            config: WorkerConfig::default(),
+            set: Overrides::default(),
+            handlers: HashMap::new(),
+            alerts: Vec::new(),
+        }
+    }
+
+    /// The configuration the worker runs with.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.shared.config
     }
 
     /// Spawns the worker on the current Tokio runtime.
@@ -965,6 +1064,48 @@ mod tests {
         for (what, text) in [("last error", &record.last_error), ("alert", &alerts), ("logs", &logs)] {
             assert!(!text.contains(CANARY), "the {what} quotes the payload: {text}");
         }
+    }
+
+    #[test]
+    fn builder_setters_compose_in_any_order_and_with_a_base_config() {
+        let backend = MemoryBackend::new();
+        let base =
+            WorkerConfig { concurrency: 16, batch: 64, poll: Duration::from_millis(5), ..WorkerConfig::default() };
+        let built = |b: WorkerBuilder<MemoryBackend, MemoryBackend>| b.build().config().clone();
+        let before = built(
+            Worker::builder(backend.clone(), backend.clone())
+                .concurrency(2)
+                .heartbeat(Some(Duration::from_secs(1)))
+                .claimers(1)
+                .config(base.clone())
+                .lease(Duration::from_secs(9))
+                .batch(10)
+                .poll(Duration::from_millis(250))
+                .shutdown_grace(Duration::from_secs(3)),
+        );
+        let after = built(
+            Worker::builder(backend.clone(), backend.clone())
+                .config(base.clone())
+                .shutdown_grace(Duration::from_secs(3))
+                .poll(Duration::from_millis(250))
+                .batch(10)
+                .lease(Duration::from_secs(9))
+                .claimers(1)
+                .heartbeat(Some(Duration::from_secs(1)))
+                .concurrency(2),
+        );
+        for config in [&before, &after] {
+            assert_eq!((config.concurrency, config.batch, config.claimers), (2, 10, 1));
+            assert_eq!((config.lease, config.heartbeat), (Duration::from_secs(9), Some(Duration::from_secs(1))));
+            assert_eq!((config.poll, config.shutdown_grace), (Duration::from_millis(250), Duration::from_secs(3)));
+        }
+        // Without a heartbeat setter, the heartbeat follows the lease; off in the base stays off.
+        let follows = built(Worker::builder(backend.clone(), backend.clone()).lease(Duration::from_secs(9)));
+        assert_eq!(follows.heartbeat, Some(Duration::from_secs(3)));
+        let off = WorkerConfig { heartbeat: None, ..base };
+        let stays_off =
+            built(Worker::builder(backend.clone(), backend.clone()).lease(Duration::from_secs(9)).config(off));
+        assert_eq!((stays_off.heartbeat, stays_off.concurrency), (None, 16));
     }
 
     #[tokio::test]
