@@ -359,6 +359,15 @@ impl<Q: Claim + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
         self
     }
 
+    /// Adds an alert sink made from a closure; see [`alert::from_fn`](crate::alert::from_fn).
+    pub fn alert_fn<F, Fut>(self, send: F) -> Self
+    where
+        F: Fn(Alert) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = crate::Result<()>> + Send + 'static,
+    {
+        self.alert(crate::alert::from_fn(send))
+    }
+
     /// The worker, ready to [`start`](Worker::start).
     pub fn build(mut self) -> Worker<Q, L> {
         if self.alerts.is_empty() {
@@ -1122,6 +1131,32 @@ mod tests {
         let stats = worker.shutdown().await;
         assert_eq!((record.attempts, stats.retried, stats.dead_lettered), (1, 0, 1));
         assert_eq!(backend.count_open().await.unwrap(), 1, "the record outlives the failed alert");
+    }
+
+    #[tokio::test]
+    async fn a_closure_is_an_alert_sink() {
+        let backend = MemoryBackend::new();
+        backend.enqueue_job(&Ping { n: 4 }).await.unwrap();
+        let alerts = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&alerts);
+        let worker = Worker::builder(backend.clone(), backend.clone())
+            .config(fast())
+            .handle::<Ping>(|_job: Ping, _ctx: JobContext| async { Err::<(), _>(JobError::permanent("card declined")) })
+            .alert_fn(move |alert: Alert| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    seen.lock().unwrap().push((alert.record.id.clone(), alert.summary()));
+                    Ok(())
+                }
+            })
+            .build()
+            .start();
+        let record = records(&backend, 1).await.remove(0);
+        worker.shutdown().await;
+        let alerts = alerts.lock().unwrap();
+        assert_eq!(alerts.len(), 1, "{alerts:?}");
+        assert_eq!(alerts[0].0, record.id);
+        assert!(alerts[0].1.contains("card declined"), "{}", alerts[0].1);
     }
 
     #[tokio::test]
