@@ -689,12 +689,22 @@ impl Claim for PgBackend {
 impl DeadLetter for PgBackend {
     async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
         let after = query.after.as_ref().map(parse_record_id).transpose()?.unwrap_or(0);
+        let job_id = match &query.job_id {
+            Some(id) => match id.0.parse::<i64>() {
+                Ok(id) => Some(id),
+                // Not one of this backend's job ids: no record can have it.
+                Err(_) => return Ok(Vec::new()),
+            },
+            None => None,
+        };
         let rows = q(&self.inner.sql.list_failures)
             .bind(query.kind.clone())
             .bind(query.open)
             .bind(query.failed_before)
             .bind(after)
             .bind(query.page_size() as i64)
+            .bind(query.key.as_ref().map(|k| k.as_str().to_owned()))
+            .bind(job_id)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| db(e, "list failure records"))?;

@@ -201,6 +201,11 @@ pub struct FailureRecord {
 pub struct FailureQuery {
     /// Only this kind.
     pub kind: Option<String>,
+    /// Only the records of this idempotency key (a job dead-lettered, replayed and
+    /// dead-lettered again has several).
+    pub key: Option<IdempotencyKey>,
+    /// Only the records of this job (the id [`Enqueue`] answered, or [`JobContext::job_id`](crate::JobContext::job_id)).
+    pub job_id: Option<JobId>,
     /// Only open records (`Some(true)`), only closed ones (`Some(false)`), or all.
     pub open: Option<bool>,
     /// Only records that failed before this time.
@@ -217,6 +222,16 @@ impl FailureQuery {
         Self { open: Some(true), ..Self::default() }
     }
 
+    /// Every record (open or closed) of `key`.
+    pub fn by_key(key: IdempotencyKey) -> Self {
+        Self { key: Some(key), ..Self::default() }
+    }
+
+    /// Every record (open or closed) of the job `id`.
+    pub fn by_job(id: JobId) -> Self {
+        Self { job_id: Some(id), ..Self::default() }
+    }
+
     /// The page size, with the default applied.
     pub fn page_size(&self) -> usize {
         if self.limit == 0 { 100 } else { self.limit }
@@ -225,6 +240,8 @@ impl FailureQuery {
     /// Whether `record` passes the filters (not the paging).
     pub fn matches(&self, record: &FailureRecord) -> bool {
         self.kind.as_ref().is_none_or(|k| *k == record.kind)
+            && self.key.as_ref().is_none_or(|k| *k == record.key)
+            && self.job_id.as_ref().is_none_or(|id| *id == record.job_id)
             && self.open.is_none_or(|open| open == record.state.is_open())
             && self.failed_before.is_none_or(|t| record.last_failed_at < t)
     }
