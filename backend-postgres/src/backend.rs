@@ -232,7 +232,8 @@ impl PgBackend {
         if row.get::<String, _>("fingerprint") != fingerprint {
             return Err(key_conflict(&job.key, &id));
         }
-        Ok(Enqueued::Duplicate(id))
+        let provider_key = row.get::<Option<Uuid>, _>("provider_key").map(ProviderKey::from_uuid);
+        Ok(Enqueued::Duplicate { id, provider_key })
     }
 
     /// Wakes idle workers now (after committing a transaction that enqueued).
@@ -573,7 +574,7 @@ impl Enqueue for PgBackend {
             .map_err(|e| db(e, "batch enqueue"))?;
         let created: HashMap<String, i64> = inserted.iter().map(|r| (r.get("idempotency_key"), r.get("id"))).collect();
         let others: Vec<String> = jobs.iter().map(|j| j.key.to_string()).filter(|k| !created.contains_key(k)).collect();
-        let mut existing: HashMap<String, (i64, String)> = HashMap::new();
+        let mut existing: HashMap<String, (i64, String, Option<Uuid>)> = HashMap::new();
         if !others.is_empty() {
             let rows = q(&self.inner.sql.existing)
                 .bind(&others)
@@ -581,24 +582,30 @@ impl Enqueue for PgBackend {
                 .await
                 .map_err(|e| db(e, "batch enqueue"))?;
             for r in rows {
-                existing.insert(r.get("idempotency_key"), (r.get("id"), r.get("fingerprint")));
+                existing.insert(r.get("idempotency_key"), (r.get("id"), r.get("fingerprint"), r.get("provider_key")));
             }
         }
-        let mut first_seen = HashSet::new();
+        // The same key twice in one batch: the first copy created it, with its provider key.
+        let mut first_seen: HashMap<&str, ProviderKey> = HashMap::new();
         let mut results = Vec::with_capacity(jobs.len());
         for job in &jobs {
             let key = job.key.as_str();
             if let Some(id) = created.get(key) {
                 let id = JobId(id.to_string());
-                // The same key twice in one batch: the first copy created it.
-                results.push(if first_seen.insert(key) { Enqueued::Created(id) } else { Enqueued::Duplicate(id) });
-            } else if let Some((id, fingerprint)) = existing.get(key) {
+                results.push(match first_seen.get(key) {
+                    None => {
+                        first_seen.insert(key, job.provider_key);
+                        Enqueued::Created(id)
+                    }
+                    Some(first) => Enqueued::Duplicate { id, provider_key: Some(*first) },
+                });
+            } else if let Some((id, fingerprint, provider_key)) = existing.get(key) {
                 let id = JobId(id.to_string());
                 if *fingerprint != fingerprints[&job.key] {
                     // All or nothing: the transaction rolls back on drop.
                     return Err(key_conflict(&job.key, &id));
                 }
-                results.push(Enqueued::Duplicate(id));
+                results.push(Enqueued::Duplicate { id, provider_key: provider_key.map(ProviderKey::from_uuid) });
             } else {
                 return Err(Error::temporary(format!("job {key} is being enqueued concurrently")));
             }

@@ -24,17 +24,24 @@ use crate::key::{IdempotencyKey, ProviderKey};
 /// What [`Enqueue::enqueue`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Enqueued {
-    /// A new job.
+    /// A new job; its provider key is the one the enqueued job was minted with.
     Created(JobId),
-    /// A job with this key and payload already exists (or is within the dedupe window).
-    Duplicate(JobId),
+    /// A job with this key and payload already exists (or is within the dedupe window); the
+    /// job just offered was dropped, its provider key with it.
+    Duplicate {
+        /// The existing job.
+        id: JobId,
+        /// The provider key stored with the existing job: the one a provider will see, not the
+        /// one the dropped job was minted with. `None` where the backend cannot tell.
+        provider_key: Option<ProviderKey>,
+    },
 }
 
 impl Enqueued {
     /// The job's id, new or existing.
     pub fn id(&self) -> &JobId {
         match self {
-            Self::Created(id) | Self::Duplicate(id) => id,
+            Self::Created(id) | Self::Duplicate { id, .. } => id,
         }
     }
 

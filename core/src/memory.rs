@@ -128,7 +128,8 @@ impl State {
                     format!("key {} already belongs to job {id} with a different payload", job.key),
                 ));
             }
-            return Ok(Enqueued::Duplicate(JobId(id.to_string())));
+            let provider_key = Some(self.jobs[&id].job.provider_key);
+            return Ok(Enqueued::Duplicate { id: JobId(id.to_string()), provider_key });
         }
         self.next_id += 1;
         let id = self.next_id;
@@ -437,9 +438,16 @@ mod tests {
     #[tokio::test]
     async fn enqueue_dedupes_by_key_and_refuses_a_changed_payload() {
         let b = MemoryBackend::new();
-        let first = b.enqueue(job(1)).await.unwrap();
+        let original = job(1);
+        let first = b.enqueue(original.clone()).await.unwrap();
         assert!(first.is_created());
-        assert_eq!(b.enqueue(job(1)).await.unwrap(), Enqueued::Duplicate(first.id().clone()));
+        let again = job(1);
+        assert_ne!(again.provider_key, original.provider_key, "each NewJob mints its own");
+        let stored = Some(original.provider_key);
+        assert_eq!(
+            b.enqueue(again).await.unwrap(),
+            Enqueued::Duplicate { id: first.id().clone(), provider_key: stored }
+        );
         let mut changed = job(1);
         changed.payload = json!({"n": 2});
         assert_eq!(b.enqueue(changed).await.unwrap_err().kind(), ErrorKind::KeyConflict);
