@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive_core::{
-    AttemptError, Begin, Claim, Claimed, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery,
-    FailureRecord, Hold, IdempotencyKey, JobId, JobRecord, Lease, Ledger, NewJob, ProviderKey, RecordState, Replay,
-    ReplayOutcome, Result, Severity, payload_fingerprint,
+    AttemptError, Begin, Claim, Claimed, Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId,
+    FailureQuery, FailureRecord, Hold, IdempotencyKey, JobId, JobRecord, Lease, Ledger, NewJob, ProviderKey,
+    QueueStats, RecordState, Replay, ReplayOutcome, Result, Severity, payload_fingerprint,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
@@ -690,6 +690,14 @@ impl Claim for PgBackend {
             .await
             .map_err(|e| db(e, "dead-letter"))?;
         record_from(&row.ok_or_else(|| lease_lost(&claimed.lease))?)
+    }
+}
+
+impl QueueStats for PgBackend {
+    async fn counts(&self) -> Result<Counts> {
+        let row = q(&self.inner.sql.queue_counts).fetch_one(&self.inner.pool).await.map_err(|e| db(e, "count jobs"))?;
+        let count = |column: &str| row.get::<i64, _>(column).max(0) as u64;
+        Ok(Counts { queued: count("queued"), running: count("running") })
     }
 }
 

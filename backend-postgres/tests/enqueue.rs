@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use redrive_core::{Claim, Enqueue, Enqueued, ErrorKind, Job, KeyBuilder, NewJob};
+use redrive_core::{Claim, Counts, Enqueue, Enqueued, ErrorKind, Job, KeyBuilder, NewJob, QueueStats, QueueStatsExt};
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
@@ -96,4 +96,23 @@ async fn pruning_done_jobs_frees_their_keys_and_leaves_the_rest() {
     assert!(matches!(backend.enqueue(receipt(3, "r")).await.unwrap(), Enqueued::Duplicate { .. }));
     let jobs = rows(&backend, "jobs").await;
     assert_eq!(jobs, 2, "the running job and the new one");
+}
+
+#[tokio::test]
+async fn counts_follow_jobs_from_queued_to_running_to_done() {
+    let backend = common::backend("counts").await;
+    for order in 1..=3 {
+        backend.enqueue(receipt(order, "r")).await.unwrap();
+    }
+    assert_eq!(backend.counts().await.unwrap(), Counts { queued: 3, running: 0 });
+    let claimed = backend.claim(2, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    assert_eq!(backend.counts().await.unwrap(), Counts { queued: 1, running: 2 });
+    backend.retry(&claimed[0].lease, Duration::from_secs(60), "later").await.unwrap();
+    backend.complete(&claimed[1].lease).await.unwrap();
+    let left = backend.wait_until_drained(Duration::from_millis(200)).await.unwrap();
+    assert_eq!(left, Counts { queued: 2, running: 0 }, "a job waiting out its retry delay is queued");
+    let last = backend.claim(10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    assert_eq!(last.len(), 1);
+    backend.complete(&last[0].lease).await.unwrap();
+    assert_eq!(backend.counts().await.unwrap(), Counts { queued: 1, running: 0 });
 }

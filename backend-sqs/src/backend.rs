@@ -12,9 +12,9 @@ use aws_sdk_sqs::types::{
 };
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use redrive_core::{
-    AttemptError, Claim, Claimed, DeadLetter, Enqueue, Enqueued, Envelope, Error, ErrorKind, FailureId, FailureQuery,
-    FailureRecord, IdempotencyKey, JobId, JobRecord, Lease, NewJob, ProviderKey, RecordState, Replay, ReplayOutcome,
-    Result, Severity,
+    AttemptError, Claim, Claimed, Counts, DeadLetter, Enqueue, Enqueued, Envelope, Error, ErrorKind, FailureId,
+    FailureQuery, FailureRecord, IdempotencyKey, JobId, JobRecord, Lease, NewJob, ProviderKey, QueueStats, RecordState,
+    Replay, ReplayOutcome, Result, Severity,
 };
 use serde_json::Value;
 use tracing::info;
@@ -766,6 +766,32 @@ impl Claim for SqsBackend {
             first_failed_at: now,
             last_failed_at: now,
             state: RecordState::Open,
+        })
+    }
+}
+
+impl QueueStats for SqsBackend {
+    /// SQS's approximate counts of the source queue (on AWS they may lag by a minute). A message
+    /// waiting out a retry's delay is invisible, so it counts as running; a message sent with a
+    /// delay counts as queued.
+    async fn counts(&self) -> Result<Counts> {
+        let out = self
+            .inner
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.inner.source.url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+            .send()
+            .await
+            .map_err(|e| sdk(e, "read queue counts"))?;
+        let attrs = out.attributes.unwrap_or_default();
+        let count = |name: QueueAttributeName| attrs.get(&name).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        Ok(Counts {
+            queued: count(QueueAttributeName::ApproximateNumberOfMessages)
+                + count(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
+            running: count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
         })
     }
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use redrive_core::{
-    Claim, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob, Replay,
-    ReplayOutcome, RunningWorker, Worker, WorkerConfig,
+    Claim, Counts, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob,
+    QueueStats, QueueStatsExt, Replay, ReplayOutcome, RunningWorker, Worker, WorkerConfig,
 };
 use redrive_postgres::PgBackend;
 use redrive_sqs::{QueueSetup, SqsBackend};
@@ -187,6 +187,24 @@ async fn a_body_that_is_not_an_envelope_is_a_decode_failure_never_handed_to_a_ha
     // Replayed in an envelope, the body would reach a handler as a job.
     assert_eq!(queue.replay(&r.id).await.unwrap_err().kind(), ErrorKind::Decode);
     assert_eq!(queue.count_open().await.unwrap(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_read_the_source_queue_until_a_worker_drains_it() {
+    let (queue, ledger) = (common::queue("counts", QueueSetup::default()).await, common::ledger().await);
+    for parcel in 20..23 {
+        queue.enqueue(ship(parcel)).await.unwrap();
+    }
+    assert_eq!(queue.counts().await.unwrap(), Counts { queued: 3, running: 0 });
+    let held = queue.claim(1, Duration::from_secs(30), Duration::ZERO).await.unwrap().remove(0);
+    assert_eq!(queue.counts().await.unwrap(), Counts { queued: 2, running: 1 });
+    queue.release(&held.lease).await.unwrap();
+    let effects = Effects::default();
+    let w = worker(&queue, &ledger, WorkerConfig::default(), Duration::ZERO, &effects);
+    let drained = queue.wait_until_drained(Duration::from_secs(30)).await.unwrap();
+    w.shutdown().await;
+    assert!(drained.is_drained(), "{drained:?}");
+    assert_eq!(effects.lock().unwrap().len(), 3);
 }
 
 #[tokio::test]

@@ -7,8 +7,10 @@
 //! | [`DeadLetter`] | read and manage failure records |
 //! | [`Replay`] | put a failure record's job back with its original keys |
 //! | [`Ledger`] | the effect ledger: fresh / pending / done per key |
+//! | [`QueueStats`] | how many jobs are queued and running |
 //!
-//! Conveniences (typed jobs, replay by filter) live in [`EnqueueExt`] and [`ReplayExt`].
+//! Conveniences (typed jobs, replay by filter, waiting for a queue to drain) live in
+//! [`EnqueueExt`], [`ReplayExt`] and [`QueueStatsExt`].
 
 use std::future::Future;
 use std::time::Duration;
@@ -320,6 +322,61 @@ pub trait ReplayExt: Replay + DeadLetter {
 }
 
 impl<T: Replay + DeadLetter + ?Sized> ReplayExt for T {}
+
+/// How many jobs a queue holds, by state. Finished jobs and failure records are not counted
+/// (see [`DeadLetter::count_open`] for those).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Waiting to be claimed: ready now, or after a retry's delay.
+    pub queued: u64,
+    /// Claimed and not settled yet: a handler is on them, or their lease lapsed and they have
+    /// not been taken again.
+    pub running: u64,
+}
+
+impl Counts {
+    /// Queued and running together: the jobs not finished yet.
+    pub fn unfinished(&self) -> u64 {
+        self.queued + self.running
+    }
+
+    /// Nothing queued, nothing running.
+    pub fn is_drained(&self) -> bool {
+        self.unfinished() == 0
+    }
+}
+
+/// Counts a queue's jobs: the figures a dashboard, a test or a deploy script reads.
+pub trait QueueStats: Send + Sync {
+    /// The jobs queued and running now. Exact where the backend stores jobs (memory, Postgres);
+    /// approximate where the broker only estimates (SQS).
+    fn counts(&self) -> impl Future<Output = Result<Counts>> + Send;
+}
+
+/// Conveniences over [`QueueStats`].
+pub trait QueueStatsExt: QueueStats {
+    /// Waits until nothing is queued or running, or `timeout` passes, looking every 50 ms at
+    /// first and every second at most. Returns the last counts read: drained
+    /// ([`Counts::is_drained`]), or what was left when the time ran out.
+    fn wait_until_drained(&self, timeout: Duration) -> impl Future<Output = Result<Counts>> + Send {
+        async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut pause = Duration::from_millis(50);
+            loop {
+                let counts = self.counts().await?;
+                let now = tokio::time::Instant::now();
+                if counts.is_drained() || now >= deadline {
+                    return Ok(counts);
+                }
+                tokio::time::sleep(pause.min(deadline - now)).await;
+                // Each look is a query (or, on SQS, a billed request): look less often as it waits.
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+impl<T: QueueStats + ?Sized> QueueStatsExt for T {}
 
 /// A key held by one attempt in the effect ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]

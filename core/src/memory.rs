@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::backend::{
-    AttemptError, Begin, Claim, Claimed, DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery, FailureRecord, Hold,
-    Lease, Ledger, RecordState, Replay, ReplayOutcome,
+    AttemptError, Begin, Claim, Claimed, Counts, DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery, FailureRecord,
+    Hold, Lease, Ledger, QueueStats, RecordState, Replay, ReplayOutcome,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{JobId, JobRecord, NewJob};
@@ -365,6 +365,20 @@ impl Replay for MemoryBackend {
         drop(state);
         self.work.notify_waiters();
         Ok(ReplayOutcome::Replayed(job_id))
+    }
+}
+
+impl QueueStats for MemoryBackend {
+    async fn counts(&self) -> Result<Counts> {
+        let mut counts = Counts::default();
+        for job in self.lock().jobs.values() {
+            match job.status {
+                Status::Queued { .. } => counts.queued += 1,
+                Status::Running { .. } => counts.running += 1,
+                Status::Done | Status::Failed => {}
+            }
+        }
+        Ok(counts)
     }
 }
 

@@ -1160,6 +1160,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn counts_show_queued_and_running_jobs_until_the_queue_drains() {
+        use crate::backend::{Counts, QueueStats, QueueStatsExt};
+        let backend = MemoryBackend::new();
+        for n in 0..4 {
+            backend.enqueue_job(&Ping { n }).await.unwrap();
+        }
+        assert_eq!(backend.counts().await.unwrap(), Counts { queued: 4, running: 0 });
+        let held = backend.claim(1, Duration::from_secs(30), Duration::ZERO).await.unwrap().remove(0);
+        assert_eq!(backend.counts().await.unwrap(), Counts { queued: 3, running: 1 });
+        let left = backend.wait_until_drained(Duration::from_millis(100)).await.unwrap();
+        assert_eq!(left, Counts { queued: 3, running: 1 }, "nothing works the queue yet");
+        backend.release(&held.lease).await.unwrap();
+        let worker = Worker::builder(backend.clone(), backend.clone())
+            .config(fast())
+            .handle::<Ping>(|_job: Ping, _ctx: JobContext| async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok::<_, JobError>(())
+            })
+            .build()
+            .start();
+        let drained = backend.wait_until_drained(Duration::from_secs(10)).await.unwrap();
+        let stats = worker.shutdown().await;
+        assert!(drained.is_drained(), "{drained:?}");
+        assert_eq!(stats.succeeded, 4, "drained means every job finished");
+    }
+
+    #[tokio::test]
     async fn a_requested_retry_delay_is_honoured() {
         let backend = MemoryBackend::new();
         backend.enqueue_job(&Ping { n: 3 }).await.unwrap();
