@@ -924,6 +924,15 @@ mod tests {
     }
 
     #[test]
+    fn every_attribute_is_documented_for_producers() {
+        let doc = include_str!("../../docs/envelope.md");
+        for name in [ATTR_KIND, ATTR_KEY, ATTR_PROVIDER_KEY, ATTR_ERROR, ATTR_ATTEMPTS, ATTR_FAILED_AT, ATTR_SOURCE_ID]
+        {
+            assert!(doc.contains(&format!("| `{name}` |")), "docs/envelope.md does not name the attribute {name}");
+        }
+    }
+
+    #[test]
     fn sdk_error_codes_map_to_kinds() {
         use crate::error::classify;
         assert_eq!(classify(Some("ReceiptHandleIsInvalid")).0, ErrorKind::LeaseLost);
