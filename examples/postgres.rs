@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redrive::alert::BoxFuture;
+use redrive::postgres::sqlx::{self, Row};
 use redrive::postgres::{PgBackend, PgConfig};
 use redrive::{
     Alert, AlertSink, Backoff, DeadLetter, Enqueue, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob,
     Replay, RunningWorker, Worker,
 };
 use serde::{Deserialize, Serialize};
-use sqlx::Row;
 
 /// Grant a month's credits to an account: once per account and billing period.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -93,7 +93,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = SqsConfig::new(&name).with_static_credentials("test", "test").with_region("us-east-1");
     let queue = SqsBackend::setup(config, QueueSetup::default()).await?;
     let ledger = PgBackend::connect(PgConfig::from_env()?.with_schema("redrive_example_sqs")).await?;
-    sqlx::query("DROP SCHEMA IF EXISTS redrive_example_sqs CASCADE").execute(ledger.pool()).await?;
+    redrive::postgres::sqlx::query("DROP SCHEMA IF EXISTS redrive_example_sqs CASCADE").execute(ledger.pool()).await?;
     ledger.migrate().await?;
     let (payments, alerts) = (Arc::new(Payments::default()), Arc::new(Mutex::new(Vec::new())));
     println!("queue {name}, its DLQ {name}-dlq (maxReceiveCount {}), ledger in PostgreSQL", queue.max_receive_count());

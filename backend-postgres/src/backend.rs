@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive_core::{
-    AttemptError, Begin, Claim, Claimed, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery,
-    FailureRecord, Hold, IdempotencyKey, JobId, JobRecord, Lease, Ledger, NewJob, ProviderKey, RecordState, Replay,
-    ReplayOutcome, Result, Severity, payload_fingerprint,
+    AttemptError, Begin, Claim, Claimed, Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId,
+    FailureQuery, FailureRecord, Hold, IdempotencyKey, JobId, JobRecord, Lease, Ledger, NewJob, ProviderKey,
+    QueueStats, RecordState, Replay, ReplayOutcome, Result, Severity, payload_fingerprint,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
@@ -232,7 +232,8 @@ impl PgBackend {
         if row.get::<String, _>("fingerprint") != fingerprint {
             return Err(key_conflict(&job.key, &id));
         }
-        Ok(Enqueued::Duplicate(id))
+        let provider_key = row.get::<Option<Uuid>, _>("provider_key").map(ProviderKey::from_uuid);
+        Ok(Enqueued::Duplicate { id, provider_key })
     }
 
     /// Wakes idle workers now (after committing a transaction that enqueued).
@@ -495,6 +496,7 @@ fn claimed_from(row: &PgRow) -> Result<Claimed> {
             cap: row.get::<i32, _>("cap") as u32,
             severity: severity_from(row.get("severity")),
             enqueued_at: row.get("created_at"),
+            undecodable: None,
         },
         lease: Lease { job_id: JobId(id.to_string()), token: token.to_string() },
     })
@@ -572,7 +574,7 @@ impl Enqueue for PgBackend {
             .map_err(|e| db(e, "batch enqueue"))?;
         let created: HashMap<String, i64> = inserted.iter().map(|r| (r.get("idempotency_key"), r.get("id"))).collect();
         let others: Vec<String> = jobs.iter().map(|j| j.key.to_string()).filter(|k| !created.contains_key(k)).collect();
-        let mut existing: HashMap<String, (i64, String)> = HashMap::new();
+        let mut existing: HashMap<String, (i64, String, Option<Uuid>)> = HashMap::new();
         if !others.is_empty() {
             let rows = q(&self.inner.sql.existing)
                 .bind(&others)
@@ -580,24 +582,30 @@ impl Enqueue for PgBackend {
                 .await
                 .map_err(|e| db(e, "batch enqueue"))?;
             for r in rows {
-                existing.insert(r.get("idempotency_key"), (r.get("id"), r.get("fingerprint")));
+                existing.insert(r.get("idempotency_key"), (r.get("id"), r.get("fingerprint"), r.get("provider_key")));
             }
         }
-        let mut first_seen = HashSet::new();
+        // The same key twice in one batch: the first copy created it, with its provider key.
+        let mut first_seen: HashMap<&str, ProviderKey> = HashMap::new();
         let mut results = Vec::with_capacity(jobs.len());
         for job in &jobs {
             let key = job.key.as_str();
             if let Some(id) = created.get(key) {
                 let id = JobId(id.to_string());
-                // The same key twice in one batch: the first copy created it.
-                results.push(if first_seen.insert(key) { Enqueued::Created(id) } else { Enqueued::Duplicate(id) });
-            } else if let Some((id, fingerprint)) = existing.get(key) {
+                results.push(match first_seen.get(key) {
+                    None => {
+                        first_seen.insert(key, job.provider_key);
+                        Enqueued::Created(id)
+                    }
+                    Some(first) => Enqueued::Duplicate { id, provider_key: Some(*first) },
+                });
+            } else if let Some((id, fingerprint, provider_key)) = existing.get(key) {
                 let id = JobId(id.to_string());
                 if *fingerprint != fingerprints[&job.key] {
                     // All or nothing: the transaction rolls back on drop.
                     return Err(key_conflict(&job.key, &id));
                 }
-                results.push(Enqueued::Duplicate(id));
+                results.push(Enqueued::Duplicate { id, provider_key: provider_key.map(ProviderKey::from_uuid) });
             } else {
                 return Err(Error::temporary(format!("job {key} is being enqueued concurrently")));
             }
@@ -685,15 +693,33 @@ impl Claim for PgBackend {
     }
 }
 
+impl QueueStats for PgBackend {
+    async fn counts(&self) -> Result<Counts> {
+        let row = q(&self.inner.sql.queue_counts).fetch_one(&self.inner.pool).await.map_err(|e| db(e, "count jobs"))?;
+        let count = |column: &str| row.get::<i64, _>(column).max(0) as u64;
+        Ok(Counts { queued: count("queued"), running: count("running") })
+    }
+}
+
 impl DeadLetter for PgBackend {
     async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
         let after = query.after.as_ref().map(parse_record_id).transpose()?.unwrap_or(0);
+        let job_id = match &query.job_id {
+            Some(id) => match id.0.parse::<i64>() {
+                Ok(id) => Some(id),
+                // Not one of this backend's job ids: no record can have it.
+                Err(_) => return Ok(Vec::new()),
+            },
+            None => None,
+        };
         let rows = q(&self.inner.sql.list_failures)
             .bind(query.kind.clone())
             .bind(query.open)
             .bind(query.failed_before)
             .bind(after)
             .bind(query.page_size() as i64)
+            .bind(query.key.as_ref().map(|k| k.as_str().to_owned()))
+            .bind(job_id)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| db(e, "list failure records"))?;

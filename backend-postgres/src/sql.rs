@@ -59,6 +59,7 @@ queries!(
     purge,
     replay,
     prune_done,
+    queue_counts,
     ledger_begin,
     ledger_state,
     ledger_extend,

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use redrive_core::{Claim, Enqueue, Enqueued, ErrorKind, Job, KeyBuilder, NewJob};
+use redrive_core::{Claim, Counts, Enqueue, Enqueued, ErrorKind, Job, KeyBuilder, NewJob, QueueStats, QueueStatsExt};
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
@@ -34,14 +34,22 @@ async fn rows(backend: &redrive_postgres::PgBackend, table: &str) -> i64 {
 #[tokio::test]
 async fn a_batch_creates_each_key_once_in_order_and_skips_existing_keys() {
     let backend = common::backend("batch").await;
-    let existing = backend.enqueue(receipt(1, "a")).await.unwrap();
+    let first = receipt(1, "a");
+    let existing = backend.enqueue(first.clone()).await.unwrap();
+    // A duplicate answers with the provider key stored with the job, not the one it offered.
+    let again = backend.enqueue(receipt(1, "a")).await.unwrap();
+    let stored = Some(first.provider_key);
+    assert_eq!(again, Enqueued::Duplicate { id: existing.id().clone(), provider_key: stored });
 
-    let results =
-        backend.enqueue_batch(vec![receipt(3, "c"), receipt(1, "a"), receipt(2, "b"), receipt(3, "c")]).await.unwrap();
+    let batch = vec![receipt(3, "c"), receipt(1, "a"), receipt(2, "b"), receipt(3, "c")];
+    let first_of_3 = Some(batch[0].provider_key);
+    let results = backend.enqueue_batch(batch).await.unwrap();
     assert!(matches!(results[0], Enqueued::Created(_)), "{results:?}");
-    assert_eq!(results[1], Enqueued::Duplicate(existing.id().clone()), "an existing key is a duplicate");
+    let dup = Enqueued::Duplicate { id: existing.id().clone(), provider_key: stored };
+    assert_eq!(results[1], dup, "an existing key is a duplicate");
     assert!(matches!(results[2], Enqueued::Created(_)), "{results:?}");
-    assert_eq!(results[3], Enqueued::Duplicate(results[0].id().clone()), "the first copy in a batch creates the job");
+    let dup = Enqueued::Duplicate { id: results[0].id().clone(), provider_key: first_of_3 };
+    assert_eq!(results[3], dup, "the first copy in a batch creates the job");
 
     let jobs = rows(&backend, "jobs").await;
     assert_eq!(jobs, 3, "one job row per key");
@@ -85,7 +93,26 @@ async fn pruning_done_jobs_frees_their_keys_and_leaves_the_rest() {
 
     // A pruned key makes a new job; the running job's key still dedupes.
     assert!(matches!(backend.enqueue(receipt(1, "r")).await.unwrap(), Enqueued::Created(_)));
-    assert!(matches!(backend.enqueue(receipt(3, "r")).await.unwrap(), Enqueued::Duplicate(_)));
+    assert!(matches!(backend.enqueue(receipt(3, "r")).await.unwrap(), Enqueued::Duplicate { .. }));
     let jobs = rows(&backend, "jobs").await;
     assert_eq!(jobs, 2, "the running job and the new one");
+}
+
+#[tokio::test]
+async fn counts_follow_jobs_from_queued_to_running_to_done() {
+    let backend = common::backend("counts").await;
+    for order in 1..=3 {
+        backend.enqueue(receipt(order, "r")).await.unwrap();
+    }
+    assert_eq!(backend.counts().await.unwrap(), Counts { queued: 3, running: 0 });
+    let claimed = backend.claim(2, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    assert_eq!(backend.counts().await.unwrap(), Counts { queued: 1, running: 2 });
+    backend.retry(&claimed[0].lease, Duration::from_secs(60), "later").await.unwrap();
+    backend.complete(&claimed[1].lease).await.unwrap();
+    let left = backend.wait_until_drained(Duration::from_millis(200)).await.unwrap();
+    assert_eq!(left, Counts { queued: 2, running: 0 }, "a job waiting out its retry delay is queued");
+    let last = backend.claim(10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    assert_eq!(last.len(), 1);
+    backend.complete(&last[0].lease).await.unwrap();
+    assert_eq!(backend.counts().await.unwrap(), Counts { queued: 1, running: 0 });
 }

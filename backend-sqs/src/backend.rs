@@ -12,9 +12,9 @@ use aws_sdk_sqs::types::{
 };
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use redrive_core::{
-    AttemptError, Claim, Claimed, DeadLetter, Enqueue, Enqueued, Envelope, Error, ErrorKind, FailureId, FailureQuery,
-    FailureRecord, IdempotencyKey, JobId, JobRecord, Lease, NewJob, ProviderKey, RecordState, Replay, ReplayOutcome,
-    Result, Severity,
+    AttemptError, Claim, Claimed, Counts, DeadLetter, Enqueue, Enqueued, Envelope, Error, ErrorKind, FailureId,
+    FailureQuery, FailureRecord, IdempotencyKey, JobId, JobRecord, Lease, NewJob, ProviderKey, QueueStats, RecordState,
+    Replay, ReplayOutcome, Result, Severity,
 };
 use serde_json::Value;
 use tracing::info;
@@ -57,6 +57,15 @@ struct Inner {
     /// Listing the DLQ receives its messages for a moment; one reader at a time in a process.
     scan: tokio::sync::Mutex<()>,
     requests: Arc<AtomicU64>,
+}
+
+/// A failure record as stored, with the queue and receipt to delete it by.
+struct StoredRecord {
+    record: FailureRecord,
+    queue: String,
+    receipt: String,
+    /// Whether the message body is an envelope (a redrive-policy move can carry any body).
+    is_envelope: bool,
 }
 
 struct Held {
@@ -366,10 +375,10 @@ impl SqsBackend {
         let attempt =
             system.get(&MessageSystemAttributeName::ApproximateReceiveCount).and_then(|v| v.parse().ok()).unwrap_or(1);
         let sent = sent_at(&system);
-        let (env, decoded) = carried_job(&id, &body, m.message_attributes.as_ref(), sent);
-        // Not an envelope: handed over as it is, so the worker records a failure that does not
-        // decode, with the body kept for a person to read.
-        let raw = (!decoded).then_some(body);
+        let (env, undecodable) = carried_job(&id, &body, m.message_attributes.as_ref(), sent);
+        // Not an envelope: handed over marked as such, so the worker records a decode failure
+        // without looking for a handler, with the body kept for a person to read.
+        let raw = undecodable.is_some().then_some(body);
         let job = JobRecord {
             id: JobId(id.clone()),
             kind: env.kind,
@@ -380,6 +389,7 @@ impl SqsBackend {
             cap: env.cap,
             severity: env.severity,
             enqueued_at: env.enqueued_at,
+            undecodable,
         };
         let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         if held.len() >= HELD_MAX {
@@ -437,22 +447,29 @@ impl SqsBackend {
     /// Open records from the DLQ and closed ones from the audit queue, oldest first, each with
     /// the queue and receipt to delete it by.
     async fn records(&self) -> Result<Vec<(FailureRecord, String, String)>> {
+        Ok(self.stored_records().await?.into_iter().map(|s| (s.record, s.queue, s.receipt)).collect())
+    }
+
+    async fn stored_records(&self) -> Result<Vec<StoredRecord>> {
         let mut records = Vec::new();
         for m in self.scan(&self.inner.dlq.url).await? {
             let receipt = m.receipt_handle().unwrap_or_default().to_owned();
-            records.push((self.record_from_dlq(&m), self.inner.dlq.url.clone(), receipt));
+            let (record, is_envelope) = self.record_from_dlq(&m);
+            records.push(StoredRecord { record, queue: self.inner.dlq.url.clone(), receipt, is_envelope });
         }
         for m in self.scan(&self.inner.audit_url).await? {
             let receipt = m.receipt_handle().unwrap_or_default().to_owned();
             if let Ok(record) = serde_json::from_str::<FailureRecord>(m.body().unwrap_or_default()) {
-                records.push((record, self.inner.audit_url.clone(), receipt));
+                let queue = self.inner.audit_url.clone();
+                records.push(StoredRecord { record, queue, receipt, is_envelope: true });
             }
         }
-        records.sort_by(|a, b| (a.0.last_failed_at, &a.0.id).cmp(&(b.0.last_failed_at, &b.0.id)));
+        records.sort_by(|a, b| (a.record.last_failed_at, &a.record.id).cmp(&(b.record.last_failed_at, &b.record.id)));
         Ok(records)
     }
 
-    fn record_from_dlq(&self, m: &Message) -> FailureRecord {
+    /// The record a DLQ message holds, and whether its body is an envelope.
+    fn record_from_dlq(&self, m: &Message) -> (FailureRecord, bool) {
         let id = m.message_id().unwrap_or_default().to_owned();
         let body = m.body().unwrap_or_default();
         let attrs = m.message_attributes();
@@ -467,8 +484,8 @@ impl SqsBackend {
         let last_error = attr(ATTR_ERROR).unwrap_or_else(|| {
             format!("moved to the dead-letter queue by the redrive policy after {attempts} receives; no worker recorded an error")
         });
-        let (env, _) = carried_job(&id, body, attrs, failed_at);
-        FailureRecord {
+        let (env, undecodable) = carried_job(&id, body, attrs, failed_at);
+        let record = FailureRecord {
             id: FailureId(id.clone()),
             job_id: JobId(attr(ATTR_SOURCE_ID).unwrap_or(id)),
             kind: env.kind,
@@ -483,7 +500,8 @@ impl SqsBackend {
             first_failed_at: failed_at,
             last_failed_at: failed_at,
             state: RecordState::Open,
-        }
+        };
+        (record, undecodable.is_none())
     }
 
     async fn close(&self, record: &FailureRecord, dlq_receipt: &str) -> Result<()> {
@@ -510,17 +528,18 @@ impl SqsBackend {
 }
 
 /// The job a message carries: its envelope, or, for a body that is not one, a stand-in made of
-/// the attributes (or the message id) with the body as its payload and a cap of 1. The flag
-/// says whether the body decoded.
+/// the attributes (or the message id) with the body as its payload and a cap of 1, and why it is
+/// not an envelope (naming no value of the body).
 fn carried_job(
     id: &str,
     body: &str,
     attrs: Option<&HashMap<String, MessageAttributeValue>>,
     sent: DateTime<Utc>,
-) -> (Envelope, bool) {
-    if let Ok(env) = Envelope::decode(body.as_bytes()) {
-        return (env, true);
-    }
+) -> (Envelope, Option<String>) {
+    let why = match Envelope::decode(body.as_bytes()) {
+        Ok(env) => return (env, None),
+        Err(e) => e.message().to_owned(),
+    };
     let attr = |name: &str| attrs.and_then(|a| a.get(name)).and_then(|v| v.string_value()).map(str::to_owned);
     let stand_in = Envelope {
         v: redrive_core::envelope::ENVELOPE_VERSION,
@@ -536,7 +555,7 @@ fn carried_job(
         enqueued_at: sent,
         payload: Value::String(body.to_owned()),
     };
-    (stand_in, false)
+    (stand_in, Some(why))
 }
 
 fn sent_at(system: &HashMap<MessageSystemAttributeName, String>) -> DateTime<Utc> {
@@ -751,6 +770,32 @@ impl Claim for SqsBackend {
     }
 }
 
+impl QueueStats for SqsBackend {
+    /// SQS's approximate counts of the source queue (on AWS they may lag by a minute). A message
+    /// waiting out a retry's delay is invisible, so it counts as running; a message sent with a
+    /// delay counts as queued.
+    async fn counts(&self) -> Result<Counts> {
+        let out = self
+            .inner
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.inner.source.url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+            .send()
+            .await
+            .map_err(|e| sdk(e, "read queue counts"))?;
+        let attrs = out.attributes.unwrap_or_default();
+        let count = |name: QueueAttributeName| attrs.get(&name).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        Ok(Counts {
+            queued: count(QueueAttributeName::ApproximateNumberOfMessages)
+                + count(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
+            running: count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+        })
+    }
+}
+
 impl DeadLetter for SqsBackend {
     async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
         let _reading = self.inner.scan.lock().await;
@@ -823,12 +868,22 @@ impl DeadLetter for SqsBackend {
 impl Replay for SqsBackend {
     async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
         let _reading = self.inner.scan.lock().await;
-        let found = self.records().await?.into_iter().find(|(r, _, _)| r.id == *id);
-        let Some((mut record, queue, receipt)) = found else {
+        let found = self.stored_records().await?.into_iter().find(|s| s.record.id == *id);
+        let Some(StoredRecord { mut record, queue, receipt, is_envelope }) = found else {
             return Err(Error::new(ErrorKind::NotFound, format!("no failure record {id}")));
         };
         if queue != self.inner.dlq.url {
             return Ok(ReplayOutcome::AlreadyClosed(record.state));
+        }
+        if !is_envelope {
+            // Sent back wrapped in an envelope, its body would reach a handler as a job.
+            return Err(Error::new(
+                ErrorKind::Decode,
+                format!(
+                    "record {id} holds a message body that is not a redrive envelope: it cannot be replayed; \
+                     enqueue the corrected job and discard the record"
+                ),
+            ));
         }
         // Back to the source with the original keys and payload.
         let mut job =
@@ -860,10 +915,21 @@ mod tests {
 
     #[test]
     fn a_body_that_is_not_an_envelope_is_carried_as_it_is() {
-        let (env, decoded) = carried_job("m-1", "<xml/>", None, Utc::now());
-        assert!(!decoded);
+        let (env, undecodable) = carried_job("m-1", "<xml/>", None, Utc::now());
+        let why = undecodable.expect("not an envelope");
+        assert!(why.starts_with("the message body is not a redrive envelope: "), "{why}");
+        assert!(!why.contains("xml"), "the body is not quoted: {why}");
         assert_eq!((env.key.as_str(), env.cap), ("sqs:message=m-1", 1));
         assert_eq!(env.payload, Value::String("<xml/>".into()));
+    }
+
+    #[test]
+    fn every_attribute_is_documented_for_producers() {
+        let doc = include_str!("../../docs/envelope.md");
+        for name in [ATTR_KIND, ATTR_KEY, ATTR_PROVIDER_KEY, ATTR_ERROR, ATTR_ATTEMPTS, ATTR_FAILED_AT, ATTR_SOURCE_ID]
+        {
+            assert!(doc.contains(&format!("| `{name}` |")), "docs/envelope.md does not name the attribute {name}");
+        }
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use redrive_core::{
-    Claim, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob, Replay,
-    ReplayOutcome, RunningWorker, Worker, WorkerConfig,
+    Claim, Counts, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob,
+    QueueStats, QueueStatsExt, Replay, ReplayOutcome, RunningWorker, Worker, WorkerConfig,
 };
 use redrive_postgres::PgBackend;
 use redrive_sqs::{QueueSetup, SqsBackend};
@@ -149,17 +149,62 @@ async fn redrive_back_sends_a_new_message_and_the_effect_happens_once() {
     assert_eq!(queue.count_open().await.unwrap(), 0);
 }
 
+/// A job type that would accept any string payload, under the kind a body that is not an
+/// envelope used to be given.
+#[derive(Debug, Serialize, Deserialize)]
+struct Unknown(String);
+
+impl Job for Unknown {
+    const KIND: &'static str = "unknown";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("body", &self.0)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_that_is_not_an_envelope_becomes_a_record_with_the_body_kept() {
+async fn a_body_that_is_not_an_envelope_is_a_decode_failure_never_handed_to_a_handler() {
     let (queue, ledger) = (common::queue("junk", QueueSetup::default()).await, common::ledger().await);
     let client = common::raw_client().await;
-    client.send_message().queue_url(queue.queue_url()).message_body("<order>42</order>").send().await.unwrap();
-    let w = worker(&queue, &ledger, WorkerConfig::default(), Duration::ZERO, &Effects::default());
+    let body = "<order card=\"4111111111111111\">42</order>";
+    client.send_message().queue_url(queue.queue_url()).message_body(body).send().await.unwrap();
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&handled);
+    let w = Worker::builder(queue.clone(), ledger.clone())
+        .handle::<Unknown>(move |job: Unknown, _ctx: JobContext| {
+            seen.lock().unwrap().push(job.0);
+            async { Ok::<_, JobError>(()) }
+        })
+        .build()
+        .start();
     wait_for("the record", 30, async || queue.count_open().await.unwrap() == 1).await;
     w.shutdown().await;
+    assert!(handled.lock().unwrap().is_empty(), "handed to a handler: {:?}", handled.lock().unwrap());
     let r = queue.list(&FailureQuery::open()).await.unwrap().remove(0);
-    assert_eq!(r.payload, serde_json::json!("<order>42</order>"));
-    assert_eq!(r.attempts, 1);
+    assert_eq!(r.payload, serde_json::json!(body), "the body is kept for a person to read");
+    assert_eq!(r.attempts, 1, "no retries");
+    assert!(r.last_error.starts_with("the message body is not a redrive envelope: "), "{}", r.last_error);
+    assert!(!r.last_error.contains("4111") && !r.last_error.contains("order"), "{}", r.last_error);
+    // Replayed in an envelope, the body would reach a handler as a job.
+    assert_eq!(queue.replay(&r.id).await.unwrap_err().kind(), ErrorKind::Decode);
+    assert_eq!(queue.count_open().await.unwrap(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_read_the_source_queue_until_a_worker_drains_it() {
+    let (queue, ledger) = (common::queue("counts", QueueSetup::default()).await, common::ledger().await);
+    for parcel in 20..23 {
+        queue.enqueue(ship(parcel)).await.unwrap();
+    }
+    assert_eq!(queue.counts().await.unwrap(), Counts { queued: 3, running: 0 });
+    let held = queue.claim(1, Duration::from_secs(30), Duration::ZERO).await.unwrap().remove(0);
+    assert_eq!(queue.counts().await.unwrap(), Counts { queued: 2, running: 1 });
+    queue.release(&held.lease).await.unwrap();
+    let effects = Effects::default();
+    let w = worker(&queue, &ledger, WorkerConfig::default(), Duration::ZERO, &effects);
+    let drained = queue.wait_until_drained(Duration::from_secs(30)).await.unwrap();
+    w.shutdown().await;
+    assert!(drained.is_drained(), "{drained:?}");
+    assert_eq!(effects.lock().unwrap().len(), 3);
 }
 
 #[tokio::test]

@@ -139,6 +139,14 @@ pub async fn recover<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, 
     run.script.heal();
     let record =
         run.open_records().await?.into_iter().find(|r| r.key == job.key).ok_or_else(|| run.fail("record gone"))?;
+    // A person looking for the record of one job finds it by key or by job id, not the other's.
+    for (how, query) in
+        [("key", FailureQuery::by_key(job.key.clone())), ("job id", FailureQuery::by_job(record.job_id.clone()))]
+    {
+        let found = run.must("list", run.s.queue.list(&query).await)?;
+        let ids: Vec<_> = found.iter().map(|r| &r.id).collect();
+        ensure!(run, ids == [&record.id], "listing by {how} should find the one record {}, found {ids:?}", record.id);
+    }
     let outcome = run.must("replay", run.s.queue.replay(&record.id).await)?;
     ensure!(run, matches!(outcome, ReplayOutcome::Replayed(_)), "the first replay should replay, got {outcome:?}");
     let by_filter = FailureQuery { kind: Some(other.kind.clone()), ..FailureQuery::open() };

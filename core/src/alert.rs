@@ -36,6 +36,49 @@ pub trait AlertSink: Send + Sync + 'static {
     fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, Result<()>>;
 }
 
+/// An alert sink from a closure that takes the alert and returns a future:
+///
+/// ```
+/// use redrive_core::alert::{self, Alert};
+///
+/// let sink = alert::from_fn(|alert: Alert| async move {
+///     // Post `alert.summary()` to your pager; never the record's payload.
+///     println!("{}", alert.summary());
+///     Ok(())
+/// });
+/// # let _ = sink;
+/// ```
+///
+/// The closure gets its own copy of the alert, so the future it returns may keep it. An error
+/// is logged by the worker, like any sink's. [`WorkerBuilder::alert_fn`](crate::WorkerBuilder::alert_fn)
+/// adds one to a worker directly.
+pub fn from_fn<F, Fut>(send: F) -> FnSink<F>
+where
+    F: Fn(Alert) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    FnSink(send)
+}
+
+/// The sink [`from_fn`] makes.
+pub struct FnSink<F>(F);
+
+impl<F> std::fmt::Debug for FnSink<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FnSink")
+    }
+}
+
+impl<F, Fut> AlertSink for FnSink<F>
+where
+    F: Fn(Alert) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, Result<()>> {
+        Box::pin((self.0)(alert.clone()))
+    }
+}
+
 /// Logs each alert as a `tracing` error event (kind, key, record id, attempts; no payload).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TracingAlerts;

@@ -7,8 +7,10 @@
 //! | [`DeadLetter`] | read and manage failure records |
 //! | [`Replay`] | put a failure record's job back with its original keys |
 //! | [`Ledger`] | the effect ledger: fresh / pending / done per key |
+//! | [`QueueStats`] | how many jobs are queued and running |
 //!
-//! Conveniences (typed jobs, replay by filter) live in [`EnqueueExt`] and [`ReplayExt`].
+//! Conveniences (typed jobs, replay by filter, waiting for a queue to drain) live in
+//! [`EnqueueExt`], [`ReplayExt`] and [`QueueStatsExt`].
 
 use std::future::Future;
 use std::time::Duration;
@@ -24,17 +26,24 @@ use crate::key::{IdempotencyKey, ProviderKey};
 /// What [`Enqueue::enqueue`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Enqueued {
-    /// A new job.
+    /// A new job; its provider key is the one the enqueued job was minted with.
     Created(JobId),
-    /// A job with this key and payload already exists (or is within the dedupe window).
-    Duplicate(JobId),
+    /// A job with this key and payload already exists (or is within the dedupe window); the
+    /// job just offered was dropped, its provider key with it.
+    Duplicate {
+        /// The existing job.
+        id: JobId,
+        /// The provider key stored with the existing job: the one a provider will see, not the
+        /// one the dropped job was minted with. `None` where the backend cannot tell.
+        provider_key: Option<ProviderKey>,
+    },
 }
 
 impl Enqueued {
     /// The job's id, new or existing.
     pub fn id(&self) -> &JobId {
         match self {
-            Self::Created(id) | Self::Duplicate(id) => id,
+            Self::Created(id) | Self::Duplicate { id, .. } => id,
         }
     }
 
@@ -201,6 +210,11 @@ pub struct FailureRecord {
 pub struct FailureQuery {
     /// Only this kind.
     pub kind: Option<String>,
+    /// Only the records of this idempotency key (a job dead-lettered, replayed and
+    /// dead-lettered again has several).
+    pub key: Option<IdempotencyKey>,
+    /// Only the records of this job (the id [`Enqueue`] answered, or [`JobContext::job_id`](crate::JobContext::job_id)).
+    pub job_id: Option<JobId>,
     /// Only open records (`Some(true)`), only closed ones (`Some(false)`), or all.
     pub open: Option<bool>,
     /// Only records that failed before this time.
@@ -217,6 +231,16 @@ impl FailureQuery {
         Self { open: Some(true), ..Self::default() }
     }
 
+    /// Every record (open or closed) of `key`.
+    pub fn by_key(key: IdempotencyKey) -> Self {
+        Self { key: Some(key), ..Self::default() }
+    }
+
+    /// Every record (open or closed) of the job `id`.
+    pub fn by_job(id: JobId) -> Self {
+        Self { job_id: Some(id), ..Self::default() }
+    }
+
     /// The page size, with the default applied.
     pub fn page_size(&self) -> usize {
         if self.limit == 0 { 100 } else { self.limit }
@@ -225,6 +249,8 @@ impl FailureQuery {
     /// Whether `record` passes the filters (not the paging).
     pub fn matches(&self, record: &FailureRecord) -> bool {
         self.kind.as_ref().is_none_or(|k| *k == record.kind)
+            && self.key.as_ref().is_none_or(|k| *k == record.key)
+            && self.job_id.as_ref().is_none_or(|id| *id == record.job_id)
             && self.open.is_none_or(|open| open == record.state.is_open())
             && self.failed_before.is_none_or(|t| record.last_failed_at < t)
     }
@@ -296,6 +322,61 @@ pub trait ReplayExt: Replay + DeadLetter {
 }
 
 impl<T: Replay + DeadLetter + ?Sized> ReplayExt for T {}
+
+/// How many jobs a queue holds, by state. Finished jobs and failure records are not counted
+/// (see [`DeadLetter::count_open`] for those).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Waiting to be claimed: ready now, or after a retry's delay.
+    pub queued: u64,
+    /// Claimed and not settled yet: a handler is on them, or their lease lapsed and they have
+    /// not been taken again.
+    pub running: u64,
+}
+
+impl Counts {
+    /// Queued and running together: the jobs not finished yet.
+    pub fn unfinished(&self) -> u64 {
+        self.queued + self.running
+    }
+
+    /// Nothing queued, nothing running.
+    pub fn is_drained(&self) -> bool {
+        self.unfinished() == 0
+    }
+}
+
+/// Counts a queue's jobs: the figures a dashboard, a test or a deploy script reads.
+pub trait QueueStats: Send + Sync {
+    /// The jobs queued and running now. Exact where the backend stores jobs (memory, Postgres);
+    /// approximate where the broker only estimates (SQS).
+    fn counts(&self) -> impl Future<Output = Result<Counts>> + Send;
+}
+
+/// Conveniences over [`QueueStats`].
+pub trait QueueStatsExt: QueueStats {
+    /// Waits until nothing is queued or running, or `timeout` passes, looking every 50 ms at
+    /// first and every second at most. Returns the last counts read: drained
+    /// ([`Counts::is_drained`]), or what was left when the time ran out.
+    fn wait_until_drained(&self, timeout: Duration) -> impl Future<Output = Result<Counts>> + Send {
+        async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut pause = Duration::from_millis(50);
+            loop {
+                let counts = self.counts().await?;
+                let now = tokio::time::Instant::now();
+                if counts.is_drained() || now >= deadline {
+                    return Ok(counts);
+                }
+                tokio::time::sleep(pause.min(deadline - now)).await;
+                // Each look is a query (or, on SQS, a billed request): look less often as it waits.
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+impl<T: QueueStats + ?Sized> QueueStatsExt for T {}
 
 /// A key held by one attempt in the effect ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -57,16 +57,21 @@ impl Envelope {
 
     /// Reads a body, refusing unknown versions, bad names and bad keys with [`ErrorKind::Decode`].
     /// Unknown fields are ignored, so a newer producer can add some.
+    ///
+    /// Every error's message starts with "the message body is not a redrive envelope" and names
+    /// the field at fault, never a value of the body: it becomes a failure record's last error,
+    /// a log line and an alert.
     pub fn decode(body: &[u8]) -> Result<Self> {
-        let envelope: Self = serde_json::from_slice(body)
-            .map_err(|e| Error::new(ErrorKind::Decode, "message body is not a redrive envelope").with_source(e))?;
+        let not_an_envelope =
+            |why: &str| Error::new(ErrorKind::Decode, format!("the message body is not a redrive envelope: {why}"));
+        let envelope: Self = crate::decode::body(body).map_err(|e| not_an_envelope(&e))?;
         if envelope.v != ENVELOPE_VERSION {
-            return Err(Error::new(
-                ErrorKind::Decode,
-                format!("envelope version {} is not supported (expected {ENVELOPE_VERSION})", envelope.v),
-            ));
+            return Err(not_an_envelope(&format!(
+                "version {} is not supported (this worker reads version {ENVELOPE_VERSION})",
+                envelope.v
+            )));
         }
-        check_name("job kind", &envelope.kind).map_err(|e| Error::new(ErrorKind::Decode, e.message().to_owned()))?;
+        check_name("job kind", &envelope.kind).map_err(|e| not_an_envelope(e.message()))?;
         Ok(envelope)
     }
 }
@@ -107,6 +112,12 @@ mod tests {
         let back = Envelope::decode(body.as_bytes()).unwrap();
         assert_eq!((back.key, back.provider_key), (job.key.clone(), job.provider_key));
         assert_eq!(Envelope::decode(b"not json").unwrap_err().kind(), ErrorKind::Decode);
+        // A producer's mistake is named by field, without the value it sent.
+        let mut wrong = serde_json::from_str::<Value>(&env.encode()).unwrap();
+        wrong["cap"] = json!("4111111111111111");
+        let err = Envelope::decode(wrong.to_string().as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("not a redrive envelope: field `cap`: invalid type: string"), "{err}");
+        assert!(!format!("{err} {err:?}").contains("4111"), "{err:?}");
         let mut future = serde_json::from_str::<Value>(&env.encode()).unwrap();
         future["v"] = json!(2);
         assert_eq!(Envelope::decode(future.to_string().as_bytes()).unwrap_err().kind(), ErrorKind::Decode);

@@ -198,6 +198,11 @@ pub struct JobRecord {
     pub severity: Severity,
     /// When the job was first enqueued.
     pub enqueued_at: DateTime<Utc>,
+    /// Set by a backend that could not read the job it received (an SQS body that is not an
+    /// [envelope](crate::Envelope)): why, naming no value of it. The worker records such a job
+    /// as a decode failure at once, and never hands it to a handler; `kind` and `payload` are
+    /// then stand-ins (the payload holds the raw body for a person to read).
+    pub undecodable: Option<String>,
 }
 
 /// What a handler knows about the job it runs.

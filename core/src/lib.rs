@@ -11,6 +11,7 @@
 
 pub mod alert;
 pub mod backend;
+mod decode;
 pub mod envelope;
 pub mod error;
 pub mod job;
@@ -23,8 +24,8 @@ pub mod worker;
 pub use alert::WebhookAlerts;
 pub use alert::{Alert, AlertSink, TracingAlerts};
 pub use backend::{
-    AttemptError, Begin, Claim, Claimed, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId, FailureQuery,
-    FailureRecord, Hold, Lease, Ledger, RecordState, Replay, ReplayExt, ReplayOutcome,
+    AttemptError, Begin, Claim, Claimed, Counts, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId, FailureQuery,
+    FailureRecord, Hold, Lease, Ledger, QueueStats, QueueStatsExt, RecordState, Replay, ReplayExt, ReplayOutcome,
 };
 pub use envelope::Envelope;
 pub use error::{Error, ErrorKind, Result, Retry};

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::backend::{
-    AttemptError, Begin, Claim, Claimed, DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery, FailureRecord, Hold,
-    Lease, Ledger, RecordState, Replay, ReplayOutcome,
+    AttemptError, Begin, Claim, Claimed, Counts, DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery, FailureRecord,
+    Hold, Lease, Ledger, QueueStats, RecordState, Replay, ReplayOutcome,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{JobId, JobRecord, NewJob};
@@ -128,7 +128,8 @@ impl State {
                     format!("key {} already belongs to job {id} with a different payload", job.key),
                 ));
             }
-            return Ok(Enqueued::Duplicate(JobId(id.to_string())));
+            let provider_key = Some(self.jobs[&id].job.provider_key);
+            return Ok(Enqueued::Duplicate { id: JobId(id.to_string()), provider_key });
         }
         self.next_id += 1;
         let id = self.next_id;
@@ -172,6 +173,7 @@ impl State {
                     cap: job.cap,
                     severity: job.severity,
                     enqueued_at: stored.enqueued_at,
+                    undecodable: None,
                 },
                 lease: Lease { job_id: JobId(id.to_string()), token },
             });
@@ -366,6 +368,20 @@ impl Replay for MemoryBackend {
     }
 }
 
+impl QueueStats for MemoryBackend {
+    async fn counts(&self) -> Result<Counts> {
+        let mut counts = Counts::default();
+        for job in self.lock().jobs.values() {
+            match job.status {
+                Status::Queued { .. } => counts.queued += 1,
+                Status::Running { .. } => counts.running += 1,
+                Status::Done | Status::Failed => {}
+            }
+        }
+        Ok(counts)
+    }
+}
+
 impl Ledger for MemoryBackend {
     async fn begin(&self, key: &IdempotencyKey, payload: &Value, hold: Duration) -> Result<Begin> {
         let fingerprint = &crate::job::payload_fingerprint(payload);
@@ -436,9 +452,16 @@ mod tests {
     #[tokio::test]
     async fn enqueue_dedupes_by_key_and_refuses_a_changed_payload() {
         let b = MemoryBackend::new();
-        let first = b.enqueue(job(1)).await.unwrap();
+        let original = job(1);
+        let first = b.enqueue(original.clone()).await.unwrap();
         assert!(first.is_created());
-        assert_eq!(b.enqueue(job(1)).await.unwrap(), Enqueued::Duplicate(first.id().clone()));
+        let again = job(1);
+        assert_ne!(again.provider_key, original.provider_key, "each NewJob mints its own");
+        let stored = Some(original.provider_key);
+        assert_eq!(
+            b.enqueue(again).await.unwrap(),
+            Enqueued::Duplicate { id: first.id().clone(), provider_key: stored }
+        );
         let mut changed = job(1);
         changed.payload = json!({"n": 2});
         assert_eq!(b.enqueue(changed).await.unwrap_err().kind(), ErrorKind::KeyConflict);

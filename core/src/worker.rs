@@ -218,18 +218,88 @@ struct Typed<J, H>(H, std::marker::PhantomData<fn() -> J>);
 
 impl<J: Job, H: Handler<J>> Erased for Typed<J, H> {
     fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String> {
-        let job = J::deserialize(payload).map_err(|e| e.to_string())?;
-        Ok(self.0.call(job, ctx))
+        // The message names the field and the expected type, never the value: it is logged,
+        // stored as the record's last error and alerted.
+        let job = crate::decode::payload::<J>(payload)?;
+        // A handler runs code before it returns its future (a closure's body up to `async`). A
+        // panic there must end this attempt like one inside the future, not the worker's task:
+        // otherwise nothing settles the job and it waits out its lease, its panic message lost.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| self.0.call(job, ctx))) {
+            Ok(run) => Ok(run),
+            Err(panic) => Ok(Box::pin(std::future::ready(Err(panicked(panic))))),
+        }
+    }
+}
+
+/// A failed attempt for a handler that panicked, keeping the panic's message (the handler
+/// author's words) when it is a string, as `panic!` and `expect` make it.
+fn panicked(panic: Box<dyn std::any::Any + Send>) -> JobError {
+    let message = panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+    match message {
+        Some(message) => JobError::retry(format!("the handler panicked: {message}")),
+        None => JobError::retry("the handler panicked"),
     }
 }
 
 /// Builds a [`Worker`]: the queue to claim from, the ledger, the handlers, the alert sinks.
+///
+/// The setters ([`concurrency`](Self::concurrency), [`lease`](Self::lease), [`poll`](Self::poll)
+/// …) compose in any order, and with [`config`](Self::config): a whole [`WorkerConfig`] is the
+/// base, and each setter called, before or after it, overrides its one field.
+///
+/// ```
+/// use std::time::Duration;
+/// use redrive_core::{MemoryBackend, Worker, WorkerConfig};
+///
+/// let backend = MemoryBackend::new();
+/// let worker = Worker::builder(backend.clone(), backend)
+///     .concurrency(2)
+///     .config(WorkerConfig { concurrency: 16, batch: 32, ..WorkerConfig::default() })
+///     .lease(Duration::from_secs(60))
+///     .build();
+/// // The setter wins over the base, whichever came first; the base's other fields stay.
+/// assert_eq!((worker.config().concurrency, worker.config().batch), (2, 32));
+/// assert_eq!(worker.config().heartbeat, Some(Duration::from_secs(20)), "a third of the lease");
+/// ```
 pub struct WorkerBuilder<Q, L> {
     queue: Q,
     ledger: L,
     config: WorkerConfig,
+    set: Overrides,
     handlers: HashMap<String, Arc<dyn Erased>>,
     alerts: Vec<Arc<dyn AlertSink>>,
+}
+
+/// The fields a builder's setters chose, applied over the base configuration at `build`, so
+/// that `config(..)` and the setters compose in any order.
+#[derive(Debug, Default)]
+struct Overrides {
+    concurrency: Option<usize>,
+    batch: Option<usize>,
+    claimers: Option<usize>,
+    lease: Option<Duration>,
+    heartbeat: Option<Option<Duration>>,
+    poll: Option<Duration>,
+    backoff: Option<Backoff>,
+    shutdown_grace: Option<Duration>,
+}
+
+impl Overrides {
+    fn apply(self, mut config: WorkerConfig) -> WorkerConfig {
+        config.concurrency = self.concurrency.unwrap_or(config.concurrency);
+        config.batch = self.batch.unwrap_or(config.batch);
+        config.claimers = self.claimers.unwrap_or(config.claimers);
+        if let Some(lease) = self.lease {
+            config.lease = lease;
+            // The heartbeat follows a new lease, unless it was set or turned off.
+            config.heartbeat = config.heartbeat.map(|_| lease / 3);
+        }
+        config.heartbeat = self.heartbeat.unwrap_or(config.heartbeat);
+        config.poll = self.poll.unwrap_or(config.poll);
+        config.backoff = self.backoff.unwrap_or(config.backoff);
+        config.shutdown_grace = self.shutdown_grace.unwrap_or(config.shutdown_grace);
+        config
+    }
 }
 
 impl<Q: Claim + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
@@ -239,28 +309,62 @@ impl<Q: Claim + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
         self
     }
 
-    /// Replaces the whole configuration.
+    /// Sets the base configuration: every field a setter of this builder does not set, whether
+    /// that setter is called before or after this. Called twice, the later base wins.
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.config = config;
         self
     }
 
-    /// Handlers running at once.
+    /// Handlers running at once (at least 1). See [`WorkerConfig::concurrency`].
     pub fn concurrency(mut self, n: usize) -> Self {
-        self.config.concurrency = n.max(1);
+        self.set.concurrency = Some(n.max(1));
         self
     }
 
-    /// The lease per claim; the heartbeat follows at a third of it unless set after this.
+    /// Most jobs per claim call (at least 1). See [`WorkerConfig::batch`].
+    pub fn batch(mut self, n: usize) -> Self {
+        self.set.batch = Some(n.max(1));
+        self
+    }
+
+    /// Claim calls in flight at once (at least 1). See [`WorkerConfig::claimers`].
+    pub fn claimers(mut self, n: usize) -> Self {
+        self.set.claimers = Some(n.max(1));
+        self
+    }
+
+    /// The lease per claim. The heartbeat follows at a third of it, unless
+    /// [`heartbeat`](Self::heartbeat) is called (before or after this) or the base
+    /// configuration turned it off.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.config.lease = lease;
-        self.config.heartbeat = self.config.heartbeat.map(|_| lease / 3);
+        self.set.lease = Some(lease);
+        self
+    }
+
+    /// How often a running handler's lease is extended; `None` turns the heartbeat off. See
+    /// [`WorkerConfig::heartbeat`].
+    pub fn heartbeat(mut self, every: Option<Duration>) -> Self {
+        self.set.heartbeat = Some(every);
+        self
+    }
+
+    /// How long one claim call waits for work. See [`WorkerConfig::poll`].
+    pub fn poll(mut self, wait: Duration) -> Self {
+        self.set.poll = Some(wait);
         self
     }
 
     /// The delays between attempts.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.config.backoff = backoff;
+        self.set.backoff = Some(backoff);
+        self
+    }
+
+    /// On shutdown, how long running handlers get to finish. See
+    /// [`WorkerConfig::shutdown_grace`].
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.set.shutdown_grace = Some(grace);
         self
     }
 
@@ -270,17 +374,27 @@ impl<Q: Claim + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
         self
     }
 
+    /// Adds an alert sink made from a closure; see [`alert::from_fn`](crate::alert::from_fn).
+    pub fn alert_fn<F, Fut>(self, send: F) -> Self
+    where
+        F: Fn(Alert) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = crate::Result<()>> + Send + 'static,
+    {
+        self.alert(crate::alert::from_fn(send))
+    }
+
     /// The worker, ready to [`start`](Worker::start).
     pub fn build(mut self) -> Worker<Q, L> {
         if self.alerts.is_empty() {
             self.alerts.push(Arc::new(TracingAlerts));
         }
+        let config = self.set.apply(self.config);
         Worker {
             shared: Arc::new(Shared {
                 queue: self.queue,
                 ledger: self.ledger,
-                policy: RetryPolicy { backoff: self.config.backoff },
-                config: self.config,
+                policy: RetryPolicy { backoff: config.backoff },
+                config,
                 handlers: self.handlers,
                 alerts: self.alerts,
                 counters: Counters::default(),
@@ -315,7 +429,19 @@ struct Shared<Q, L> {
 impl<Q: Claim + 'static, L: Ledger + 'static> Worker<Q, L> {
     /// Starts building a worker over `queue` and `ledger` (often the same backend value).
     pub fn builder(queue: Q, ledger: L) -> WorkerBuilder<Q, L> {
-        WorkerBuilder { queue, ledger, config: WorkerConfig::default(), handlers: HashMap::new(), alerts: Vec::new() }
+        WorkerBuilder {
+            queue,
+            ledger,
+            config: WorkerConfig::default(),
+            set: Overrides::default(),
+            handlers: HashMap::new(),
+            alerts: Vec::new(),
+        }
+    }
+
+    /// The configuration the worker runs with.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.shared.config
     }
 
     /// Spawns the worker on the current Tokio runtime.
@@ -544,6 +670,11 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
 
     async fn process(&self, claimed: Claimed, slot: OwnedSemaphorePermit, abandon: CancellationToken) {
         let job = &claimed.job;
+        if let Some(why) = &job.undecodable {
+            // The backend could not read it: its kind and payload are stand-ins, so no handler
+            // may see it, whatever kind it claims. Reading it again cannot succeed: no retries.
+            return self.dead_letter(&claimed, why).await;
+        }
         let Some(handler) = self.handlers.get(&job.kind) else {
             return self.dead_letter(&claimed, &format!("no handler is registered for kind `{}`", job.kind)).await;
         };
@@ -639,9 +770,7 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
         abandon: &CancellationToken,
     ) -> Option<HandlerResult> {
         let mut run = AssertUnwindSafe(run).catch_unwind();
-        let finished = |result: std::thread::Result<HandlerResult>| {
-            result.unwrap_or_else(|_| Err(JobError::retry("the handler panicked")))
-        };
+        let finished = |result: std::thread::Result<HandlerResult>| result.unwrap_or_else(|p| Err(panicked(p)));
         // A handler that is done at its first poll needs no heartbeat timer. (That poll has a
         // no-op waker; a pending handler is polled again at once below, with the real one.)
         if let Some(result) = (&mut run).now_or_never() {
@@ -857,7 +986,162 @@ mod tests {
         let record = records(&backend, 1).await.remove(0);
         worker.shutdown().await;
         assert_eq!((record.attempts, *runs.lock().unwrap()), (3, 3));
-        assert!(record.last_error.contains("panicked"));
+        assert!(record.last_error.contains("the handler panicked: bug in the handler"), "{}", record.last_error);
+    }
+
+    #[tokio::test]
+    async fn a_handler_panicking_before_its_future_is_a_failed_attempt_with_its_message() {
+        let backend = MemoryBackend::new();
+        backend.enqueue_job(&Ping { n: 1 }).await.unwrap();
+        let runs = Arc::new(Mutex::new(0));
+        let counter = Arc::clone(&runs);
+        let worker = Worker::builder(backend.clone(), backend.clone())
+            .config(fast())
+            .handle::<Ping>(move |job: Ping, _ctx: JobContext| {
+                *counter.lock().unwrap() += 1;
+                if job.n > 0 {
+                    // A `String` payload, as a formatted panic has.
+                    panic!("no limit configured for ping {}", job.n);
+                }
+                async move { Ok::<_, JobError>(()) }
+            })
+            .build()
+            .start();
+        let record = records(&backend, 1).await.remove(0);
+        let stats = worker.shutdown().await;
+        assert_eq!((record.attempts, *runs.lock().unwrap(), stats.retried), (3, 3, 2), "every attempt ran and failed");
+        assert!(
+            record.last_error.contains("the handler panicked: no limit configured for ping 1"),
+            "{}",
+            record.last_error
+        );
+        assert!(record.errors.iter().all(|e| e.error.contains("no limit configured")), "{:?}", record.errors);
+    }
+
+    #[derive(Debug, Serialize, Deserialize)]
+    struct Charge {
+        order: u32,
+        card: Card,
+    }
+
+    #[derive(Debug, Serialize, Deserialize)]
+    struct Card {
+        number: u64,
+    }
+
+    impl Job for Charge {
+        const KIND: &'static str = "charge";
+        fn key(&self, key: KeyBuilder) -> KeyBuilder {
+            key.fact("order", self.order)
+        }
+    }
+
+    /// Every alert's summary (the webhook's text), kept.
+    #[derive(Clone, Default)]
+    struct Collect(Arc<Mutex<Vec<String>>>);
+
+    impl AlertSink for Collect {
+        fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, crate::Result<()>> {
+            self.0.lock().unwrap().push(alert.summary());
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// Tracing output, as a subscriber writing into a buffer gets it.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_payload_that_does_not_decode_is_named_by_field_never_by_value() {
+        const CANARY: &str = "4111111111111111";
+        let logs = Captured::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        // The test's runtime is single-threaded: the worker's tasks log through this subscriber.
+        let _logging = tracing::subscriber::set_default(subscriber);
+        let backend = MemoryBackend::new();
+        let key = IdempotencyKey::builder("charge").fact("order", 7).build().unwrap();
+        let payload = json!({"order": 7, "card": {"number": CANARY}});
+        backend.enqueue(NewJob::new("charge", key, payload.clone()).unwrap()).await.unwrap();
+        let alerts = Collect::default();
+        let worker = Worker::builder(backend.clone(), backend.clone())
+            .config(fast())
+            .handle::<Charge>(|_job: Charge, _ctx: JobContext| async { Ok::<_, JobError>(()) })
+            .alert(alerts.clone())
+            .alert(TracingAlerts)
+            .build()
+            .start();
+        let record = records(&backend, 1).await.remove(0);
+        worker.shutdown().await;
+        assert_eq!(record.payload, payload, "the record keeps the payload, for a replay");
+        assert_eq!(record.attempts, 1);
+        assert_eq!(
+            record.last_error,
+            "payload does not decode: field `card.number`: invalid type: string, expected u64"
+        );
+        let alerts = alerts.0.lock().unwrap().join("\n");
+        assert!(alerts.contains("field `card.number`"), "{alerts}");
+        let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        assert!(logs.contains("failure record written"), "the subscriber saw the worker: {logs}");
+        for (what, text) in [("last error", &record.last_error), ("alert", &alerts), ("logs", &logs)] {
+            assert!(!text.contains(CANARY), "the {what} quotes the payload: {text}");
+        }
+    }
+
+    #[test]
+    fn builder_setters_compose_in_any_order_and_with_a_base_config() {
+        let backend = MemoryBackend::new();
+        let base =
+            WorkerConfig { concurrency: 16, batch: 64, poll: Duration::from_millis(5), ..WorkerConfig::default() };
+        let built = |b: WorkerBuilder<MemoryBackend, MemoryBackend>| b.build().config().clone();
+        let before = built(
+            Worker::builder(backend.clone(), backend.clone())
+                .concurrency(2)
+                .heartbeat(Some(Duration::from_secs(1)))
+                .claimers(1)
+                .config(base.clone())
+                .lease(Duration::from_secs(9))
+                .batch(10)
+                .poll(Duration::from_millis(250))
+                .shutdown_grace(Duration::from_secs(3)),
+        );
+        let after = built(
+            Worker::builder(backend.clone(), backend.clone())
+                .config(base.clone())
+                .shutdown_grace(Duration::from_secs(3))
+                .poll(Duration::from_millis(250))
+                .batch(10)
+                .lease(Duration::from_secs(9))
+                .claimers(1)
+                .heartbeat(Some(Duration::from_secs(1)))
+                .concurrency(2),
+        );
+        for config in [&before, &after] {
+            assert_eq!((config.concurrency, config.batch, config.claimers), (2, 10, 1));
+            assert_eq!((config.lease, config.heartbeat), (Duration::from_secs(9), Some(Duration::from_secs(1))));
+            assert_eq!((config.poll, config.shutdown_grace), (Duration::from_millis(250), Duration::from_secs(3)));
+        }
+        // Without a heartbeat setter, the heartbeat follows the lease; off in the base stays off.
+        let follows = built(Worker::builder(backend.clone(), backend.clone()).lease(Duration::from_secs(9)));
+        assert_eq!(follows.heartbeat, Some(Duration::from_secs(3)));
+        let off = WorkerConfig { heartbeat: None, ..base };
+        let stays_off =
+            built(Worker::builder(backend.clone(), backend.clone()).lease(Duration::from_secs(9)).config(off));
+        assert_eq!((stays_off.heartbeat, stays_off.concurrency), (None, 16));
     }
 
     #[tokio::test]
@@ -874,6 +1158,59 @@ mod tests {
         let stats = worker.shutdown().await;
         assert_eq!((record.attempts, stats.retried, stats.dead_lettered), (1, 0, 1));
         assert_eq!(backend.count_open().await.unwrap(), 1, "the record outlives the failed alert");
+    }
+
+    #[tokio::test]
+    async fn a_closure_is_an_alert_sink() {
+        let backend = MemoryBackend::new();
+        backend.enqueue_job(&Ping { n: 4 }).await.unwrap();
+        let alerts = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&alerts);
+        let worker = Worker::builder(backend.clone(), backend.clone())
+            .config(fast())
+            .handle::<Ping>(|_job: Ping, _ctx: JobContext| async { Err::<(), _>(JobError::permanent("card declined")) })
+            .alert_fn(move |alert: Alert| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    seen.lock().unwrap().push((alert.record.id.clone(), alert.summary()));
+                    Ok(())
+                }
+            })
+            .build()
+            .start();
+        let record = records(&backend, 1).await.remove(0);
+        worker.shutdown().await;
+        let alerts = alerts.lock().unwrap();
+        assert_eq!(alerts.len(), 1, "{alerts:?}");
+        assert_eq!(alerts[0].0, record.id);
+        assert!(alerts[0].1.contains("card declined"), "{}", alerts[0].1);
+    }
+
+    #[tokio::test]
+    async fn counts_show_queued_and_running_jobs_until_the_queue_drains() {
+        use crate::backend::{Counts, QueueStats, QueueStatsExt};
+        let backend = MemoryBackend::new();
+        for n in 0..4 {
+            backend.enqueue_job(&Ping { n }).await.unwrap();
+        }
+        assert_eq!(backend.counts().await.unwrap(), Counts { queued: 4, running: 0 });
+        let held = backend.claim(1, Duration::from_secs(30), Duration::ZERO).await.unwrap().remove(0);
+        assert_eq!(backend.counts().await.unwrap(), Counts { queued: 3, running: 1 });
+        let left = backend.wait_until_drained(Duration::from_millis(100)).await.unwrap();
+        assert_eq!(left, Counts { queued: 3, running: 1 }, "nothing works the queue yet");
+        backend.release(&held.lease).await.unwrap();
+        let worker = Worker::builder(backend.clone(), backend.clone())
+            .config(fast())
+            .handle::<Ping>(|_job: Ping, _ctx: JobContext| async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok::<_, JobError>(())
+            })
+            .build()
+            .start();
+        let drained = backend.wait_until_drained(Duration::from_secs(10)).await.unwrap();
+        let stats = worker.shutdown().await;
+        assert!(drained.is_drained(), "{drained:?}");
+        assert_eq!(stats.succeeded, 4, "drained means every job finished");
     }
 
     #[tokio::test]
