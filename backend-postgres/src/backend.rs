@@ -37,6 +37,8 @@ struct Inner {
     channel: String,
     config: PgConfig,
     completer: Completer,
+    /// Claims and completions running at once (see `PgConfig::with_in_flight`).
+    in_flight: Arc<tokio::sync::Semaphore>,
     /// The jobs this process claimed and has not settled: for them the job row is the ledger
     /// entry of their key.
     held: Mutex<Held>,
@@ -159,7 +161,8 @@ impl PgBackend {
     pub fn from_pool(pool: PgPool, config: PgConfig) -> Result<Self> {
         check_schema(&config.schema)?;
         let sql = Arc::new(Queries::new(&config.schema));
-        let completer = Completer::start(pool.clone(), Arc::clone(&sql));
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(config.in_flight));
+        let completer = Completer::start(pool.clone(), Arc::clone(&sql), Arc::clone(&in_flight));
         Ok(Self {
             inner: Arc::new(Inner {
                 channel: format!("redrive_{}", config.schema),
@@ -168,6 +171,7 @@ impl PgBackend {
                 sql,
                 config,
                 completer,
+                in_flight,
                 held: Mutex::default(),
                 finished: Mutex::default(),
                 wake: OnceCell::new(),
@@ -379,6 +383,7 @@ impl PgBackend {
                 }
             }
         };
+        let _statement = self.inner.in_flight.acquire().await.map_err(|_| Error::temporary("the backend is closed"))?;
         q(&sql)
             .bind(lease.as_secs_f64())
             .bind(floor.map(|(at, _)| at))

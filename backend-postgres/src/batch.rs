@@ -37,9 +37,10 @@ const FLUSHERS: usize = 3;
 const WORTH_A_STATEMENT: usize = 32;
 
 impl Completer {
-    pub(crate) fn start(pool: PgPool, sql: Arc<Queries>) -> Self {
+    /// Starts the completer; each of its statements takes one of `in_flight`'s permits.
+    pub(crate) fn start(pool: PgPool, sql: Arc<Queries>, in_flight: Arc<Semaphore>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(flush_loop(pool, sql, rx));
+        tokio::spawn(flush_loop(pool, sql, rx, in_flight));
         Self { tx }
     }
 
@@ -64,7 +65,12 @@ impl Drop for Finished {
     }
 }
 
-async fn flush_loop(pool: PgPool, sql: Arc<Queries>, mut rx: mpsc::UnboundedReceiver<Request>) {
+async fn flush_loop(
+    pool: PgPool,
+    sql: Arc<Queries>,
+    mut rx: mpsc::UnboundedReceiver<Request>,
+    in_flight: Arc<Semaphore>,
+) {
     let flushers = Arc::new(Semaphore::new(FLUSHERS));
     let finished = Arc::new(Notify::new());
     loop {
@@ -80,11 +86,12 @@ async fn flush_loop(pool: PgPool, sql: Arc<Queries>, mut rx: mpsc::UnboundedRece
             }
         }
         let Ok(permit) = Arc::clone(&flushers).acquire_owned().await else { return };
-        let (pool, sql) = (pool.clone(), Arc::clone(&sql));
+        let (pool, sql, in_flight) = (pool.clone(), Arc::clone(&sql), Arc::clone(&in_flight));
         let done = Finished { signal: Arc::clone(&finished), _slot: permit };
         tokio::spawn(async move {
+            let statement = in_flight.acquire_owned().await;
             flush(&pool, &sql, batch).await;
-            drop(done);
+            drop((statement, done));
         });
     }
 }

@@ -9,19 +9,31 @@
 //! `psql` and `pgbench` on the PATH and the scripts of `shared/bench` (found beside the workspace,
 //! or in `REDRIVE_BENCH_SQL_DIR`).
 //!
-//! One round: lifecycle.sql, batch100.sql, worker burn-downs, backlog sizes, enqueue→start
-//! latency, enqueue throughput, lifecycle.sql again. These machines are noisy, so every figure
+//! One round, under production conditions: every backlog is analyzed (`VACUUM ANALYZE`, what
+//! autovacuum does on a live database after a bulk enqueue) and checkpointed before it is burned
+//! down. lifecycle.sql and batch100.sql; worker burn-downs (20k jobs, four batch sizes); backlogs
+//! of 2k, 200k and 1M; the same with autovacuum on (turned on for the section with aggressive
+//! per-table thresholds, and the server's settings restored after); 1, 2 and 4 worker processes
+//! on one queue; a worker process killed with a full buffer; enqueue → start latency, idle and
+//! behind a 200k backlog; enqueue throughput; a long run of 2M jobs through one table with
+//! `prune_done` and autovacuum on; lifecycle.sql again. These machines are noisy, so every figure
 //! is divided by the mean of the round's two lifecycle.sql runs; both are printed so that drift
-//! within the round shows. The default configuration's burn-downs (20k and 2k) run three times
-//! each and report the median; every run is printed. Each measured phase, pgbench's included,
-//! starts after a CHECKPOINT, so that none pays for the dirty pages of the one before.
+//! within the round shows. The default configuration's burn-downs and the process counts run
+//! three times each and report the median; every run is printed. Each measured phase, pgbench's
+//! included, starts after a CHECKPOINT, so that none pays for the dirty pages of the one before.
 //!
-//! For tuning, `REDRIVE_BENCH_QUICK=1` runs lifecycle.sql and the default burn-down only;
+//! `REDRIVE_BENCH_ONLY=processes,long` runs only those sections (`burn`, `backlog`,
+//! `autovacuum`, `processes`, `kill`, `latency`, `enqueue`, `long`) between the two baselines;
+//! `REDRIVE_BENCH_LONG_JOBS` and `REDRIVE_BENCH_SCALE_JOBS` change those sections' sizes. For
+//! tuning, `REDRIVE_BENCH_QUICK=1` runs lifecycle.sql and the default burn-down only;
 //! `REDRIVE_BENCH_JOBS`, `REDRIVE_BENCH_BATCH` and `REDRIVE_BENCH_CLAIMERS` then change it.
 
+mod production;
+
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,6 +51,11 @@ type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 const BURN_JOBS: u64 = 20_000;
 const SMALL_BACKLOG: u64 = 2_000;
 const LARGE_BACKLOG: u64 = 200_000;
+const MILLION: u64 = 1_000_000;
+/// Jobs per burn-down by several worker processes.
+const SCALE_OUT_JOBS: u64 = 200_000;
+/// Jobs through one table in the long run (`REDRIVE_BENCH_LONG_JOBS` overrides).
+const LONG_RUN_JOBS: u64 = 2_000_000;
 /// Jobs per `enqueue_batch` call when pre-inserting a backlog.
 const INSERT_CHUNK: u64 = 1_000;
 const CONCURRENCY: usize = 8;
@@ -52,6 +69,7 @@ const ENQUEUE_FOR: Duration = Duration::from_secs(5);
 /// cannot stretch a round past its budget.
 const BURN_TIMEOUT: Duration = Duration::from_secs(45);
 const LARGE_BURN_TIMEOUT: Duration = Duration::from_secs(90);
+const MILLION_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// The no-op job every scenario runs.
 #[derive(Serialize, Deserialize)]
@@ -76,6 +94,9 @@ fn noop(n: u64) -> BoxResult<NewJob> {
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
+    if let Ok(spec) = std::env::var("REDRIVE_BENCH_CHILD") {
+        return production::child(&spec).await;
+    }
     // Warnings from the worker or backend (lease lost, failed settlements) would explain odd
     // figures, so they are shown; RUST_LOG overrides.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -102,68 +123,165 @@ async fn main() -> BoxResult<()> {
     println!("- batch100.sql: {}", rate(batch100));
 
     let mut rows: Vec<(String, Figure)> = vec![("pgbench batch100.sql".into(), Figure::Rate(batch100))];
-
-    println!();
-    println!("## Worker burn-down: {BURN_JOBS} pre-inserted jobs, concurrency {CONCURRENCY}");
-    let default_label = format!("default (batch = {})", WorkerConfig::default().batch);
-    let configs =
-        [(default_label.as_str(), None), ("batch = 1", Some(1)), ("batch = 10", Some(10)), ("batch = 100", Some(100))];
     // REDRIVE_BENCH_QUICK=1: the default burn-down only, against the start baseline (for tuning).
     let quick = std::env::var_os("REDRIVE_BENCH_QUICK").is_some();
-    for (label, batch) in configs.into_iter().take(if quick { 1 } else { 4 }) {
-        let mut config = WorkerConfig { concurrency: CONCURRENCY, ..WorkerConfig::default() };
-        if let Some(batch) = batch {
-            config.batch = batch;
-        }
-        if quick {
-            config.batch = var_u64("REDRIVE_BENCH_BATCH").map_or(config.batch, |b| b as usize);
-            config.claimers = var_u64("REDRIVE_BENCH_CLAIMERS").map_or(config.claimers, |c| c as usize);
-        }
-        let jobs = if quick { var_u64("REDRIVE_BENCH_JOBS").unwrap_or(BURN_JOBS) } else { BURN_JOBS };
-        // The default configuration is the headline figure: its median of three runs, so that one
-        // run caught by a noisy moment does not make it.
-        let runs = if batch.is_none() { DEFAULT_RUNS } else { 1 };
-        let burn = median_burn(&ctx, &config, jobs, BURN_TIMEOUT, runs, label).await?;
-        rows.push((format!("burn-down 20k, {label}"), Figure::Rate(burn.rate())));
-        if quick {
-            println!("- ratio to lifecycle.sql (start of round): {:.2}×", burn.rate() / lifecycle_start);
-            return Ok(());
+    // REDRIVE_BENCH_ONLY=processes,long: only those sections, between the two baselines.
+    let only = std::env::var("REDRIVE_BENCH_ONLY").ok();
+    let mut default_20k = f64::NAN;
+    let wants = |section: &str| only.as_deref().is_none_or(|only| only.split(',').any(|s| s.trim() == section));
+
+    if wants("burn") {
+        println!();
+        println!("## Worker burn-down: {BURN_JOBS} pre-inserted jobs, concurrency {CONCURRENCY}");
+        let default_label = format!("default (batch = {})", WorkerConfig::default().batch);
+        let configs = [
+            (default_label.as_str(), None),
+            ("batch = 1", Some(1)),
+            ("batch = 10", Some(10)),
+            ("batch = 100", Some(100)),
+        ];
+        // REDRIVE_BENCH_QUICK=1: the default burn-down only, against the start baseline (for tuning).
+        for (label, batch) in configs.into_iter().take(if quick { 1 } else { 4 }) {
+            let mut config = WorkerConfig { concurrency: CONCURRENCY, ..WorkerConfig::default() };
+            if let Some(batch) = batch {
+                config.batch = batch;
+            }
+            if quick {
+                config.batch = var_u64("REDRIVE_BENCH_BATCH").map_or(config.batch, |b| b as usize);
+                config.claimers = var_u64("REDRIVE_BENCH_CLAIMERS").map_or(config.claimers, |c| c as usize);
+            }
+            let jobs = if quick { var_u64("REDRIVE_BENCH_JOBS").unwrap_or(BURN_JOBS) } else { BURN_JOBS };
+            // The default configuration is the headline figure: its median of three runs, so that one
+            // run caught by a noisy moment does not make it.
+            let runs = if batch.is_none() { DEFAULT_RUNS } else { 1 };
+            let burn = median_burn(&ctx, &config, jobs, BURN_TIMEOUT, runs, label).await?;
+            if batch.is_none() {
+                default_20k = burn.rate();
+            }
+            rows.push((format!("burn-down 20k, {label}"), Figure::Rate(burn.rate())));
+            if quick {
+                println!("- ratio to lifecycle.sql (start of round): {:.2}×", burn.rate() / lifecycle_start);
+                return Ok(());
+            }
         }
     }
-
-    println!();
-    println!("## Backlog size (default configuration)");
-    let small = median_burn(&ctx, &default_config(), SMALL_BACKLOG, BURN_TIMEOUT, DEFAULT_RUNS, "2000 jobs").await?;
-    let large = burn_down(&ctx, default_config(), LARGE_BACKLOG, LARGE_BURN_TIMEOUT).await?;
-    println!("- {LARGE_BACKLOG} jobs: {}", large.describe());
-    let backlog_ratio = large.rate() / small.rate();
-    println!("- 200k / 2k: {backlog_ratio:.2}×");
-    rows.push(("burn-down 2k backlog".into(), Figure::Rate(small.rate())));
-    rows.push(("burn-down 200k backlog".into(), Figure::Rate(large.rate())));
-    rows.push(("backlog 200k ÷ 2k".into(), Figure::Plain(format!("{backlog_ratio:.2}×"))));
-
-    println!();
-    println!("## Latency, enqueue call → handler start (idle worker, enqueues from one task)");
-    let notify = latency(&ctx, PgConfig::new(&url), 300, Duration::from_millis(3)).await?;
-    println!("- LISTEN/NOTIFY, 300 jobs ~3 ms apart: {}", notify.describe());
-    // At 3 ms apart, 100 jobs would all land within one 1 s poll cycle and sample a single phase
-    // of it; 37 ms apart (prime to 1000) they spread over ~4 cycles and sample its phases evenly.
-    let polling = latency(&ctx, PgConfig::new(&url).with_listen(false), 100, Duration::from_millis(37)).await?;
-    println!("- polling only (1 s), 100 jobs ~37 ms apart: {}", polling.describe());
-    for (label, l) in [("NOTIFY", &notify), ("polling only", &polling)] {
-        rows.push((format!("latency p50, {label}"), Figure::Ms(l.p50)));
-        rows.push((format!("latency p99, {label}"), Figure::Ms(l.p99)));
+    if wants("backlog") {
+        println!();
+        println!("## Backlog size (default configuration)");
+        let small =
+            median_burn(&ctx, &default_config(), SMALL_BACKLOG, BURN_TIMEOUT, DEFAULT_RUNS, "2000 jobs").await?;
+        let large = burn_down(&ctx, default_config(), LARGE_BACKLOG, LARGE_BURN_TIMEOUT).await?;
+        println!("- {LARGE_BACKLOG} jobs: {}", large.describe());
+        let million = burn_down(&ctx, default_config(), MILLION, MILLION_TIMEOUT).await?;
+        println!("- {MILLION} jobs: {}", million.describe());
+        let backlog_ratio = large.rate() / small.rate();
+        let million_ratio = million.rate() / default_20k;
+        println!("- 200k / 2k: {backlog_ratio:.2}×; 1M / 20k: {million_ratio:.2}×");
+        rows.push(("burn-down 2k backlog".into(), Figure::Rate(small.rate())));
+        rows.push(("burn-down 200k backlog".into(), Figure::Rate(large.rate())));
+        rows.push(("burn-down 1M backlog".into(), Figure::Rate(million.rate())));
+        rows.push(("backlog 200k ÷ 2k".into(), Figure::Plain(format!("{backlog_ratio:.2}×"))));
+        rows.push(("backlog 1M ÷ 20k".into(), Figure::Plain(format!("{million_ratio:.2}×"))));
     }
-
-    println!();
-    println!("## Enqueue throughput ({ENQUEUE_TASKS} tasks, {} s each)", ENQUEUE_FOR.as_secs());
-    let single = enqueue_rate(&ctx, 1).await?;
-    println!("- single `enqueue`: {}", rate(single));
-    let batched = enqueue_rate(&ctx, 100).await?;
-    println!("- `enqueue_batch` of 100: {}", rate(batched));
-    rows.push(("enqueue, single".into(), Figure::Rate(single)));
-    rows.push(("enqueue_batch of 100".into(), Figure::Rate(batched)));
-
+    if wants("autovacuum") {
+        println!();
+        println!("## Autovacuum on (naptime 1 s, per-table thresholds of 1000 rows), default configuration");
+        let (autovacuum_20k, autovacuum_200k) = production::with_autovacuum(&ctx, async {
+            let small =
+                median_burn(&ctx, &default_config(), BURN_JOBS, BURN_TIMEOUT, DEFAULT_RUNS, "20000 jobs").await?;
+            let large = burn_down(&ctx, default_config(), LARGE_BACKLOG, LARGE_BURN_TIMEOUT).await?;
+            println!("- {LARGE_BACKLOG} jobs: {}", large.describe());
+            Ok((small.rate(), large.rate()))
+        })
+        .await?;
+        rows.push(("burn-down 20k, autovacuum on".into(), Figure::Rate(autovacuum_20k)));
+        rows.push(("burn-down 200k, autovacuum on".into(), Figure::Rate(autovacuum_200k)));
+    }
+    if wants("processes") {
+        println!();
+        println!("## Worker processes on one queue: {SCALE_OUT_JOBS} jobs, {CONCURRENCY} handlers in all");
+        // Interleaved (1, 2, 4, 1, 2, 4, …) so that the machine's drift falls on every count alike;
+        // the median of each is reported.
+        let scale_jobs = var_u64("REDRIVE_BENCH_SCALE_JOBS").unwrap_or(SCALE_OUT_JOBS);
+        let mut runs: HashMap<usize, Vec<production::ScaleOut>> = HashMap::new();
+        for _ in 0..DEFAULT_RUNS {
+            for processes in [1, 2, 4] {
+                runs.entry(processes).or_default().push(production::scale_out(&ctx, processes, scale_jobs).await?);
+            }
+        }
+        let median = |processes: usize| {
+            let mut rates: Vec<f64> = runs[&processes].iter().map(|r| r.rate).collect();
+            rates.sort_by(f64::total_cmp);
+            rates[rates.len() / 2]
+        };
+        let one_process = median(1);
+        for processes in [1, 2, 4] {
+            let duplicates: i64 = runs[&processes].iter().map(|r| r.duplicates).sum();
+            let ratio = median(processes) / one_process;
+            println!(
+                "- {processes} process(es), median: {} ({ratio:.2}× of 1 process), duplicates {duplicates}",
+                rate(median(processes))
+            );
+            rows.push((format!("{processes} process(es), median of {DEFAULT_RUNS}"), Figure::Rate(median(processes))));
+            rows.push((
+                format!("{processes} process(es): ÷ 1 process, duplicates"),
+                Figure::Plain(format!("{ratio:.2}×, {duplicates}")),
+            ));
+        }
+    }
+    if wants("kill") {
+        println!();
+        println!("## A worker killed (SIGKILL) holding a full buffer; another takes over");
+        let killed = production::killed_worker(&ctx).await?;
+        rows.push((
+            "killed worker: stranded jobs, back within".into(),
+            Figure::Plain(format!(
+                "{}, {:.1} s (started ones: {:.1} s)",
+                killed.stranded,
+                killed.unstarted_back.as_secs_f64(),
+                killed.all_back.as_secs_f64()
+            )),
+        ));
+    }
+    if wants("latency") {
+        println!();
+        println!("## Latency, enqueue call → handler start (idle worker, enqueues from one task)");
+        let notify = latency(&ctx, PgConfig::new(&url), 300, Duration::from_millis(3)).await?;
+        println!("- LISTEN/NOTIFY, 300 jobs ~3 ms apart: {}", notify.describe());
+        // At 3 ms apart, 100 jobs would all land within one 1 s poll cycle and sample a single phase
+        // of it; 37 ms apart (prime to 1000) they spread over ~4 cycles and sample its phases evenly.
+        let polling = latency(&ctx, PgConfig::new(&url).with_listen(false), 100, Duration::from_millis(37)).await?;
+        println!("- polling only (1 s), 100 jobs ~37 ms apart: {}", polling.describe());
+        let behind = production::latency_behind_backlog(&ctx, LARGE_BACKLOG).await?;
+        println!("- one job every 20 ms while a {LARGE_BACKLOG}-job backlog drains: {}", behind.describe());
+        for (label, l) in [("NOTIFY", &notify), ("polling only", &polling), ("behind a 200k backlog", &behind)] {
+            rows.push((format!("latency p50, {label}"), Figure::Ms(l.p50)));
+            rows.push((format!("latency p99, {label}"), Figure::Ms(l.p99)));
+        }
+    }
+    if wants("enqueue") {
+        println!();
+        println!("## Enqueue throughput ({ENQUEUE_TASKS} tasks, {} s each)", ENQUEUE_FOR.as_secs());
+        let single = enqueue_rate(&ctx, 1).await?;
+        println!("- single `enqueue`: {}", rate(single));
+        let batched = enqueue_rate(&ctx, 100).await?;
+        println!("- `enqueue_batch` of 100: {}", rate(batched));
+        rows.push(("enqueue, single".into(), Figure::Rate(single)));
+        rows.push(("enqueue_batch of 100".into(), Figure::Rate(batched)));
+    }
+    if wants("long") {
+        let long_jobs = var_u64("REDRIVE_BENCH_LONG_JOBS").unwrap_or(LONG_RUN_JOBS);
+        if long_jobs > 0 {
+            println!();
+            println!(
+                "## Long run: {long_jobs} jobs through one table, a producer ahead, prune_done every second, autovacuum on"
+            );
+            let rates = production::with_autovacuum(&ctx, production::long_run(&ctx, long_jobs)).await?;
+            let (first, last) = (rates.first().copied().unwrap_or(f64::NAN), rates.last().copied().unwrap_or(f64::NAN));
+            rows.push(("long run, first window".into(), Figure::Rate(first)));
+            rows.push(("long run, last window".into(), Figure::Rate(last)));
+        }
+    }
     println!();
     println!("## Raw-SQL baseline again, end of round");
     let lifecycle_end = pgbench(&bench_url, &sql_dir, "lifecycle.sql", 1).await?;
@@ -301,13 +419,15 @@ struct Ctx {
     /// For DDL and checks, apart from the backends' own pools.
     admin: PgPool,
     next: AtomicU32,
+    /// While set, new schemas get per-table autovacuum thresholds that make it run within seconds.
+    aggressive_autovacuum: AtomicBool,
 }
 
 impl Ctx {
     async fn new(url: &str) -> BoxResult<Self> {
         let admin = PgPoolOptions::new().max_connections(2).connect(url).await?;
         drop_stale_schemas(&admin).await?;
-        Ok(Self { url: url.to_owned(), admin, next: AtomicU32::new(0) })
+        Ok(Self { url: url.to_owned(), admin, next: AtomicU32::new(0), aggressive_autovacuum: AtomicBool::new(false) })
     }
 
     /// A migrated backend on a new schema; `config` is the default `PgConfig` to adjust.
@@ -315,6 +435,9 @@ impl Ctx {
         let schema = format!("rdbench_{}_{}", std::process::id(), self.next.fetch_add(1, Ordering::Relaxed));
         let backend = PgBackend::connect(config.with_schema(schema)).await?;
         backend.migrate().await?;
+        if self.aggressive_autovacuum.load(Ordering::Relaxed) {
+            production::aggressive_autovacuum(&self.admin, backend.schema()).await?;
+        }
         Ok(backend)
     }
 
@@ -348,11 +471,22 @@ async fn drop_stale_schemas(admin: &PgPool) -> BoxResult<()> {
     Ok(())
 }
 
-/// `jobs` no-op jobs, numbered from 0, in `enqueue_batch` calls of `INSERT_CHUNK`.
+/// `jobs` no-op jobs, numbered from 0, in `enqueue_batch` calls of `INSERT_CHUNK` from four tasks.
 async fn insert_backlog(backend: &PgBackend, jobs: u64) -> BoxResult<()> {
-    for first in (0..jobs).step_by(INSERT_CHUNK as usize) {
-        let chunk = (first..jobs.min(first + INSERT_CHUNK)).map(noop).collect::<BoxResult<Vec<_>>>()?;
-        backend.enqueue_batch(chunk).await?;
+    const TASKS: u64 = 4;
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let backend = backend.clone();
+        tasks.push(tokio::spawn(async move {
+            for first in (task * INSERT_CHUNK..jobs).step_by((TASKS * INSERT_CHUNK) as usize) {
+                let chunk = (first..jobs.min(first + INSERT_CHUNK)).map(noop).collect::<BoxResult<Vec<_>>>()?;
+                backend.enqueue_batch(chunk).await?;
+            }
+            BoxResult::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
     }
     Ok(())
 }
@@ -370,6 +504,8 @@ struct Burn {
     left: i64,
     /// CPU seconds spent during the burn-down by this process and by the server's processes.
     cpu: Option<(f64, f64)>,
+    /// Autovacuum's vacuums and analyzes of `jobs` during the burn-down, when it is on.
+    autovacuum: Option<(i64, i64)>,
 }
 
 impl Burn {
@@ -401,6 +537,9 @@ impl Burn {
             let per_job = |secs: f64| secs * 1e6 / self.handled.max(1) as f64;
             s.push_str(&format!("; CPU per job: worker {:.0} µs, server {:.0} µs", per_job(worker), per_job(server)));
         }
+        if let Some((vacuums, analyzes)) = self.autovacuum {
+            s.push_str(&format!("; autovacuum ran {vacuums} vacuums and {analyzes} analyzes of jobs meanwhile"));
+        }
         s
     }
 }
@@ -428,21 +567,25 @@ async fn analyze(admin: &PgPool, schema: &str) -> BoxResult<()> {
 /// from `/proc` (Linux only; `None` elsewhere). Shows where a burn-down's time goes: the two
 /// cores are shared between the worker and the server.
 fn cpu_seconds() -> Option<(f64, f64)> {
-    let ticks = |stat: &str| -> Option<u64> {
-        // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-        let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
-        Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-    };
-    const TICKS_PER_SEC: f64 = 100.0; // USER_HZ, 100 on Linux
-    let own = ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
-    let mut server = 0;
+    let own = process_cpu("self")?;
+    let mut server = 0.0;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let path = entry.path();
         if std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "postgres") {
-            server += std::fs::read_to_string(path.join("stat")).ok().as_deref().and_then(ticks).unwrap_or(0);
+            server += path.file_name().and_then(|p| p.to_str()).and_then(process_cpu).unwrap_or(0.0);
         }
     }
-    Some((own as f64 / TICKS_PER_SEC, server as f64 / TICKS_PER_SEC))
+    Some((own, server))
+}
+
+/// CPU seconds used so far by process `pid` (`self` for this one), from `/proc/<pid>/stat`.
+fn process_cpu(pid: &str) -> Option<f64> {
+    const TICKS_PER_SEC: f64 = 100.0; // USER_HZ, 100 on Linux
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / TICKS_PER_SEC)
 }
 
 /// Runs [`burn_down`] `runs` times, prints each run, and returns the one with the median rate.
@@ -491,6 +634,9 @@ async fn burn_down(ctx: &Ctx, config: WorkerConfig, jobs: u64, timeout: Duration
             async { Ok::<(), JobError>(()) }
         }
     };
+    let autovacuum_on = ctx.aggressive_autovacuum.load(Ordering::Relaxed);
+    let runs_before =
+        if autovacuum_on { Some(production::autovacuum_runs(&ctx.admin, backend.schema()).await?) } else { None };
     let cpu_before = cpu_seconds();
     let start = Instant::now();
     let worker =
@@ -500,6 +646,13 @@ async fn burn_down(ctx: &Ctx, config: WorkerConfig, jobs: u64, timeout: Duration
     let cpu = cpu_before.zip(cpu_seconds()).map(|((w0, s0), (w1, s1))| (w1 - w0, s1 - s0));
     let handled = handled.load(Ordering::Relaxed);
     let stats = worker.shutdown().await;
+    let autovacuum = match runs_before {
+        Some((v0, a0)) => {
+            let (v1, a1) = production::autovacuum_runs(&ctx.admin, backend.schema()).await?;
+            Some((v1 - v0, a1 - a0))
+        }
+        None => None,
+    };
 
     let left: i64 = sqlx::query(AssertSqlSafe(format!(
         "SELECT count(*) FROM \"{}\".jobs WHERE status <> 'done'",
@@ -509,7 +662,7 @@ async fn burn_down(ctx: &Ctx, config: WorkerConfig, jobs: u64, timeout: Duration
     .await?
     .get(0);
     ctx.discard(backend).await?;
-    Ok(Burn { jobs, handled, elapsed, insert, stats, left, cpu })
+    Ok(Burn { jobs, handled, elapsed, insert, stats, left, cpu, autovacuum })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -524,6 +677,17 @@ struct Latency {
 }
 
 impl Latency {
+    /// From sorted milliseconds, of `sent` jobs.
+    fn of(sorted_ms: &[f64], sent: usize) -> Self {
+        Self {
+            p50: percentile(sorted_ms, 50.0),
+            p99: percentile(sorted_ms, 99.0),
+            max: sorted_ms.last().copied().unwrap_or(f64::NAN),
+            seen: sorted_ms.len(),
+            sent,
+        }
+    }
+
     fn describe(&self) -> String {
         let mut s = format!("p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", self.p50, self.p99, self.max);
         if self.seen < self.sent {
@@ -577,13 +741,7 @@ async fn latency(ctx: &Ctx, config: PgConfig, jobs: u64, spacing: Duration) -> B
         started.iter().map(|(n, at)| at.saturating_duration_since(sent[*n as usize]).as_secs_f64() * 1000.0).collect();
     ms.sort_by(f64::total_cmp);
     ctx.discard(backend).await?;
-    Ok(Latency {
-        p50: percentile(&ms, 50.0),
-        p99: percentile(&ms, 99.0),
-        max: ms.last().copied().unwrap_or(f64::NAN),
-        seen: ms.len(),
-        sent: sent.len(),
-    })
+    Ok(Latency::of(&ms, sent.len()))
 }
 
 /// Nearest-rank percentile of sorted values.
