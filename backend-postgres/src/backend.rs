@@ -835,8 +835,12 @@ impl Ledger for PgBackend {
     }
 
     async fn extend_hold(&self, hold: &Hold, by: Duration) -> Result<()> {
-        if hold.token.starts_with(JOB_HOLD) {
-            return Ok(()); // the lease heartbeat extends it
+        if let Some(job) = hold.token.strip_prefix(JOB_HOLD) {
+            // The job's lease is its key's hold: keeping the hold means keeping the lease, with
+            // the worker's heartbeat on or off, or a slow handler's job would be claimed again.
+            let (id, token) = job.split_once(':').unwrap_or_default();
+            let lease = Lease { job_id: JobId(id.to_owned()), token: token.to_owned() };
+            return self.extend(&lease, by).await;
         }
         let row = q(&self.inner.sql.ledger_extend)
             .bind(hold.key.as_str())

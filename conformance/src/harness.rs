@@ -327,24 +327,48 @@ macro_rules! ensure {
 }
 pub(crate) use ensure;
 
-/// A backend (queue and ledger) as seen by a process that froze: once [`kill`](Self::kill)ed,
-/// every call it starts never returns, so nothing it holds is settled, extended or handed back,
-/// as when the process is killed. Calls already in flight finish.
+/// How far a [`Frozen`] backend has frozen.
+#[derive(Default)]
+pub(crate) struct Freeze(std::sync::atomic::AtomicU8);
+
+impl Freeze {
+    const CLAIMS: u8 = 1;
+    const ALL: u8 = 2;
+
+    /// Claims started from now on never return; everything else works.
+    pub(crate) fn claims(&self) {
+        self.0.fetch_max(Self::CLAIMS, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Every call started from now on never returns, as when the process is killed.
+    pub(crate) fn all(&self) {
+        self.0.fetch_max(Self::ALL, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    async fn wait_unless_below(&self, level: u8) {
+        if self.0.load(std::sync::atomic::Ordering::SeqCst) >= level {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// A backend (queue and ledger) as one worker sees it, frozen on demand: with its claims frozen
+/// the worker takes no more jobs but finishes and settles those it has; frozen whole, nothing it
+/// holds is settled, extended or handed back, as when its process is killed. Calls already in
+/// flight finish.
 #[derive(Clone)]
 pub(crate) struct Frozen<T> {
     inner: T,
-    killed: Arc<std::sync::atomic::AtomicBool>,
+    freeze: Arc<Freeze>,
 }
 
 impl<T> Frozen<T> {
-    pub(crate) fn new(inner: T, killed: &Arc<std::sync::atomic::AtomicBool>) -> Self {
-        Self { inner, killed: Arc::clone(killed) }
+    pub(crate) fn new(inner: T, freeze: &Arc<Freeze>) -> Self {
+        Self { inner, freeze: Arc::clone(freeze) }
     }
 
     async fn alive(&self) {
-        if self.killed.load(std::sync::atomic::Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
+        self.freeze.wait_unless_below(Freeze::ALL).await;
     }
 }
 
@@ -363,7 +387,7 @@ impl<T: Enqueue> Enqueue for Frozen<T> {
 
 impl<T: Claim> Claim for Frozen<T> {
     async fn claim(&self, max: usize, lease: Duration, wait: Duration) -> R<Vec<Claimed>> {
-        self.alive().await;
+        self.freeze.wait_unless_below(Freeze::CLAIMS).await;
         self.inner.claim(max, lease, wait).await
     }
     async fn complete(&self, lease: &Lease) -> R<()> {

@@ -22,6 +22,7 @@
 //! | 11 | [`discard_and_purge`] | discard with reason and actor, purge by age, counts right |
 //! | 12 | [`graceful_shutdown`] | shutdown loses and duplicates nothing |
 //! | 13 | [`stranded_claims`] | a worker that dies strands its claimed-ahead jobs for the claim lease, not the lease |
+//! | 14 | [`slow_handler`] | a handler running 2.5× its lease, heartbeat on or off: one start, one effect |
 //!
 //! # Running it against your backend
 //!
@@ -196,7 +197,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 13] = [
+pub const SCENARIOS: [&str; 14] = [
     "replay",
     "race",
     "exhaust",
@@ -210,6 +211,7 @@ pub const SCENARIOS: [&str; 13] = [
     "discard_and_purge",
     "graceful_shutdown",
     "stranded_claims",
+    "slow_handler",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -218,7 +220,7 @@ pub const SCENARIOS: [&str; 13] = [
 macro_rules! suite {
     ($subject:expr) => {
         $crate::suite!(@each $subject; replay race exhaust recover key_conflict undecodable oversized
-            dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims);
+            dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims slow_handler);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

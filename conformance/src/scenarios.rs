@@ -1,7 +1,6 @@
 //! The behaviours. Each takes a fresh subject and returns its key sort or a violation.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redrive_core::{
@@ -9,7 +8,7 @@ use redrive_core::{
 };
 use serde_json::json;
 
-use crate::harness::{Fault, Frozen, Probe, Run, ensure};
+use crate::harness::{Fault, Freeze, Frozen, Probe, Run, ensure};
 use crate::{Outcome, Queue, Subject};
 
 /// Behaviour 1: The same job enqueued twice with one key gives one effect.
@@ -509,10 +508,10 @@ pub async fn stranded_claims<Q: Queue, L: Ledger + Clone + 'static>(subject: Sub
     // one teach the worker that jobs are quick, so it claims whole batches ahead of the handler.
     let unit = run.s.caps.lease;
     let config = WorkerConfig { claim_lease: unit, batch: 8, ..run.config(1, unit * 8, Duration::ZERO) };
-    let killed = Arc::new(AtomicBool::new(false));
+    let freeze = Arc::new(Freeze::default());
     let dying = run.start_worker_on(
-        Frozen::new(run.s.queue.clone(), &killed),
-        Frozen::new(run.s.ledger.clone(), &killed),
+        Frozen::new(run.s.queue.clone(), &freeze),
+        Frozen::new(run.s.ledger.clone(), &freeze),
         config,
     );
     let script = Arc::clone(&run.script);
@@ -523,7 +522,7 @@ pub async fn stranded_claims<Q: Queue, L: Ledger + Clone + 'static>(subject: Sub
     })
     .await?;
     tokio::time::sleep(unit / 4).await; // the claimers fill the buffer
-    killed.store(true, Ordering::SeqCst);
+    freeze.all();
     let killed_at = tokio::time::Instant::now();
     let (claimed, started) = (dying.stats().claimed, run.script.starts.lock().unwrap().len() as u64);
     ensure!(run, claimed > started, "the worker should hold jobs claimed ahead (claimed {claimed}, started {started})");
@@ -549,5 +548,50 @@ pub async fn stranded_claims<Q: Queue, L: Ledger + Clone + 'static>(subject: Sub
         "the hung job should run once more after its lease, told its first attempt was left pending: {effects:?}"
     );
     drop(dying); // its tasks stay parked on the frozen backend
+    run.report(&ids, &[]).await
+}
+
+/// Behaviour 14: A handler that runs two and a half times its lease, with the worker's heartbeat
+/// on and with it off: the handler starts once and the effect happens once. With the heartbeat
+/// off the lease may lapse and the job be delivered again; the key's hold, kept while the handler
+/// runs, turns that delivery away.
+pub async fn slow_handler<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
+    let run = Run::new("slow_handler", subject);
+    let unit = run.s.caps.lease;
+    run.script.delay(unit * 5 / 2);
+    let ids = [50, 51];
+    for (id, heartbeat) in ids.into_iter().zip([true, false]) {
+        run.must("enqueue", run.s.queue.enqueue(Probe::new(id).new_job()).await)?;
+        let config = WorkerConfig { heartbeat: heartbeat.then_some(unit / 3), ..run.config(1, unit, Duration::ZERO) };
+        // The slow handler's worker stops claiming once it runs, so that any delivery of the job
+        // meanwhile goes to the second worker rather than into the first one's buffer.
+        let freeze = Arc::new(Freeze::default());
+        let slow = run.start_worker_on(
+            Frozen::new(run.s.queue.clone(), &freeze),
+            Frozen::new(run.s.ledger.clone(), &freeze),
+            config.clone(),
+        );
+        let (script, key) = (Arc::clone(&run.script), Probe::key(id));
+        run.wait_for("the slow handler to start", || {
+            let (script, key) = (Arc::clone(&script), key.clone());
+            async move { !script.starts_of(&key).is_empty() }
+        })
+        .await?;
+        freeze.claims();
+        let other = run.start_worker(config);
+        let done = run.script.effect_count() + 1;
+        run.wait_for_effects(done).await?;
+        run.settle().await;
+        other.shutdown().await;
+        drop(slow); // its claimers stay parked on the frozen claims
+        let starts = run.script.starts_of(&key);
+        let heartbeat = if heartbeat { "on" } else { "off" };
+        ensure!(
+            run,
+            starts.len() == 1,
+            "with the heartbeat {heartbeat}, the slow handler started {} times",
+            starts.len()
+        );
+    }
     run.report(&ids, &[]).await
 }

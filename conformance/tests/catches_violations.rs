@@ -22,6 +22,8 @@ enum Fault {
     /// Claims ignore the lease asked for and hold jobs eight times as long, as a backend with a
     /// fixed visibility timeout would.
     FixedLease,
+    /// The ledger's holds cannot be extended: a key is held for the first lease only.
+    HoldNotExtended,
 }
 
 impl Enqueue for Broken {
@@ -79,6 +81,24 @@ impl DeadLetter for Broken {
 impl Replay for Broken {
     async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
         self.0.replay(id).await
+    }
+}
+
+impl Ledger for Broken {
+    async fn begin(&self, key: &IdempotencyKey, payload: &Value, hold: Duration) -> Result<Begin> {
+        self.0.begin(key, payload, hold).await
+    }
+    async fn extend_hold(&self, hold: &Hold, by: Duration) -> Result<()> {
+        if self.1 == Fault::HoldNotExtended {
+            return Ok(());
+        }
+        self.0.extend_hold(hold, by).await
+    }
+    async fn release_hold(&self, hold: &Hold) -> Result<()> {
+        self.0.release_hold(hold).await
+    }
+    async fn finish(&self, hold: &Hold, result: &Value) -> Result<()> {
+        self.0.finish(hold, result).await
     }
 }
 
@@ -140,4 +160,13 @@ async fn a_backend_that_holds_claims_for_the_whole_lease_fails_stranded_claims()
     let caps = Capabilities { lease: Duration::from_millis(500), ..caps() };
     let violation = redrive_conformance::stranded_claims(Subject { queue, ledger: backend, caps }).await.unwrap_err();
     assert!(violation.message.contains("claimed ahead and never started"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_whose_holds_lapse_under_a_slow_handler_fails_slow_handler() {
+    let backend = MemoryBackend::new();
+    let ledger = Broken(backend.clone(), Fault::HoldNotExtended);
+    let caps = Capabilities { lease: Duration::from_secs(1), ..caps() };
+    let violation = redrive_conformance::slow_handler(Subject { queue: backend, ledger, caps }).await.unwrap_err();
+    assert!(violation.message.contains("with the heartbeat off, the slow handler started"), "{violation}");
 }

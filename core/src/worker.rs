@@ -23,9 +23,6 @@ use crate::error::ErrorKind;
 use crate::job::{Job, JobContext, JobError};
 use crate::policy::{Backoff, Decision, Outcome, RetryPolicy};
 
-/// How soon a job deferred by a busy key is looked at again, at most.
-const BUSY_RECHECK: Duration = Duration::from_secs(1);
-
 /// How a worker runs. Every field has a sensible default.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -688,9 +685,11 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
                 return self.settle(self.queue.complete(&claimed.lease).await);
             }
             Ok(Begin::Busy(held_for)) => {
-                // Not a failure, and never a dead letter: another attempt is doing the work.
-                // Look again soon rather than at the hold's end: a heartbeat may keep extending it.
-                let delay = held_for.min(BUSY_RECHECK) + Duration::from_millis(10);
+                // Not a failure, and never a dead letter: another attempt is doing the work. Look
+                // again when its hold ends, not before: each look costs a delivery (a receive on
+                // SQS, counted by its redrive policy), and nothing waits on this copy but its own
+                // acknowledgement. A holder that dies lets the hold lapse, and then this copy runs.
+                let delay = held_for + Duration::from_millis(10);
                 info!(retry_in_ms = delay.as_millis() as u64, "deferred: another attempt holds this key");
                 self.counters.add(Count::Deferred, 1);
                 return self

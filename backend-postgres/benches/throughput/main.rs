@@ -37,7 +37,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redrive_core::{Enqueue, Job, JobContext, JobError, KeyBuilder, NewJob, Worker, WorkerConfig, WorkerStats};
+use redrive_core::{
+    Enqueue, Handler, Job, JobContext, JobError, KeyBuilder, NewJob, RunningWorker, Worker, WorkerConfig, WorkerStats,
+};
 use redrive_postgres::{PgBackend, PgConfig};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
@@ -325,6 +327,11 @@ fn rate(jobs_per_sec: f64) -> String {
 
 fn default_config() -> WorkerConfig {
     WorkerConfig { concurrency: CONCURRENCY, ..WorkerConfig::default() }
+}
+
+/// A worker in the default configuration running `handler` on `backend`.
+fn start_default(backend: &PgBackend, handler: impl Handler<Noop>) -> RunningWorker {
+    Worker::builder(backend.clone(), backend.clone()).config(default_config()).handle::<Noop>(handler).build().start()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -715,11 +722,7 @@ async fn latency(ctx: &Ctx, config: PgConfig, jobs: u64, spacing: Duration) -> B
             async { Ok::<(), JobError>(()) }
         }
     };
-    let worker = Worker::builder(backend.clone(), backend.clone())
-        .config(default_config())
-        .handle::<Noop>(handler)
-        .build()
-        .start();
+    let worker = start_default(&backend, handler);
     // Long enough for the first claim to find nothing and (with NOTIFY) for LISTEN to be set up.
     tokio::time::sleep(Duration::from_millis(1500)).await;
 

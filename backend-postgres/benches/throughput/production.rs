@@ -318,11 +318,7 @@ pub(crate) async fn killed_worker(ctx: &Ctx) -> BoxResult<Killed> {
             .map(|r| r.get(0))
             .collect();
 
-    let worker = Worker::builder(backend.clone(), backend.clone())
-        .config(default_config())
-        .handle::<Noop>(|_job: Noop, _ctx: JobContext| async { Ok::<(), JobError>(()) })
-        .build()
-        .start();
+    let worker = start_default(&backend, |_job: Noop, _ctx: JobContext| async { Ok::<(), JobError>(()) });
     let left_sql =
         format!("SELECT count(*) FROM \"{}\".jobs WHERE id = ANY($1) AND status <> 'done'", backend.schema());
     let mut unstarted_back = None;
@@ -376,11 +372,7 @@ pub(crate) async fn latency_behind_backlog(ctx: &Ctx, backlog: u64) -> BoxResult
             async { Ok::<(), JobError>(()) }
         }
     };
-    let worker = Worker::builder(backend.clone(), backend.clone())
-        .config(default_config())
-        .handle::<Noop>(handler)
-        .build()
-        .start();
+    let worker = start_default(&backend, handler);
     let mut sent = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     let deadline = Instant::now() + LARGE_BURN_TIMEOUT;
@@ -452,11 +444,7 @@ pub(crate) async fn long_run(ctx: &Ctx, total: u64) -> BoxResult<Vec<f64>> {
             }
         })
     };
-    let worker = Worker::builder(backend.clone(), backend.clone())
-        .config(default_config())
-        .handle::<Noop>(handler)
-        .build()
-        .start();
+    let worker = start_default(&backend, handler);
     let mut rates = Vec::new();
     let (mut window_start, mut window_from) = (Instant::now(), 0);
     let deadline = Instant::now() + Duration::from_secs(600);
