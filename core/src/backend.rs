@@ -22,6 +22,7 @@ use serde_json::Value;
 use crate::error::Result;
 use crate::job::{Job, JobId, JobRecord, NewJob, Severity};
 use crate::key::{IdempotencyKey, ProviderKey};
+use crate::redact::debug_redacted;
 
 /// What [`Enqueue::enqueue`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,7 +79,7 @@ impl<T: Enqueue + ?Sized> EnqueueExt for T {}
 
 /// A claimed job's exclusive hold. Every later call about the job presents it; a lease that is
 /// no longer the job's current one gets [`LeaseLost`](crate::ErrorKind::LeaseLost).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Lease {
     /// The job.
     pub job_id: JobId,
@@ -173,7 +174,7 @@ impl RecordState {
 }
 
 /// A dead-letter entry: everything a person needs to understand and replay the job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct FailureRecord {
     /// The record's id.
     pub id: FailureId,
@@ -379,7 +380,7 @@ pub trait QueueStatsExt: QueueStats {
 impl<T: QueueStats + ?Sized> QueueStatsExt for T {}
 
 /// A key held by one attempt in the effect ledger.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Hold {
     /// The key.
     pub key: IdempotencyKey,
@@ -424,3 +425,24 @@ pub trait Ledger: Send + Sync {
     /// Marks the effect done with its result. Idempotent.
     fn finish(&self, hold: &Hold, result: &Value) -> impl Future<Output = Result<()>> + Send;
 }
+
+debug_redacted!(Lease { show: [job_id], hide: [token] });
+debug_redacted!(Hold { show: [key], hide: [token] });
+debug_redacted!(FailureRecord {
+    show: [
+        id,
+        job_id,
+        kind,
+        key,
+        provider_key,
+        last_error,
+        errors,
+        attempts,
+        cap,
+        severity,
+        first_failed_at,
+        last_failed_at,
+        state
+    ],
+    hide: [payload],
+});

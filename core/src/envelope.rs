@@ -8,12 +8,13 @@ use serde_json::Value;
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{NewJob, Severity};
 use crate::key::{IdempotencyKey, ProviderKey, check_name};
+use crate::redact::debug_redacted;
 
 /// The envelope version this library writes and reads.
 pub const ENVELOPE_VERSION: u32 = 1;
 
 /// A job as it travels in a message body.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
     /// Always [`ENVELOPE_VERSION`].
     pub v: u32,
@@ -123,3 +124,5 @@ mod tests {
         assert_eq!(Envelope::decode(future.to_string().as_bytes()).unwrap_err().kind(), ErrorKind::Decode);
     }
 }
+
+debug_redacted!(Envelope { show: [v, kind, key, provider_key, cap, severity, enqueued_at], hide: [payload] });

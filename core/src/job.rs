@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{IdempotencyKey, KeyBuilder, ProviderKey, check_name};
+use crate::redact::debug_redacted;
 
 /// The attempt cap a job gets when its type names none.
 pub const DEFAULT_CAP: u32 = 5;
@@ -58,7 +59,7 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
 }
 
 /// A job ready to enqueue: its keys are fixed here, once, and never re-derived by a retry.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct NewJob {
     /// The job kind.
     pub kind: String,
@@ -178,7 +179,7 @@ impl std::fmt::Display for JobId {
 }
 
 /// A job as a worker receives it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct JobRecord {
     /// The backend's id.
     pub id: JobId,
@@ -333,3 +334,9 @@ mod tests {
         assert_eq!(JobError::permanent("bad address").retry_delay(), None);
     }
 }
+
+debug_redacted!(NewJob { show: [kind, key, provider_key, cap, severity], hide: [payload] });
+debug_redacted!(JobRecord {
+    show: [id, kind, key, provider_key, attempt, cap, severity, enqueued_at, undecodable],
+    hide: [payload],
+});

@@ -18,6 +18,7 @@ pub mod job;
 pub mod key;
 pub mod memory;
 pub mod policy;
+mod redact;
 pub mod worker;
 
 #[cfg(feature = "webhook")]
