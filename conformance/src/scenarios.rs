@@ -27,6 +27,14 @@ pub async fn replay<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L
     }
     let worker = run.worker(2);
     run.wait_for_effects(1).await?;
+    if !run.s.caps.enqueue_dedupe {
+        // The second delivery waits out the first one's hold, then finds the effect done.
+        run.wait_for("the second delivery's skip", || {
+            let skipped = worker.stats().skipped;
+            async move { skipped >= 1 }
+        })
+        .await?;
+    }
     run.settle().await;
     let stats = worker.shutdown().await;
     if !run.s.caps.enqueue_dedupe {
