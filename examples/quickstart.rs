@@ -75,7 +75,9 @@ where
     let mailer = Arc::clone(mailer);
     Worker::builder(queue, ledger)
         .handle::<SendReceipt>(move |job, ctx| send_receipt(Arc::clone(&mailer), job, ctx))
-        // Short delays so the demo takes seconds; the default is 1 s doubling to 5 minutes.
+        // Short delays so the demo takes seconds; the defaults are a 30 s lease and backoff from
+        // 1 s doubling to 5 minutes.
+        .lease(Duration::from_secs(3))
         .backoff(Backoff { base: Duration::from_millis(20), max: Duration::from_millis(200), ..Backoff::default() })
         .alert(PrintAlerts(Arc::clone(alerts)))
         .build()

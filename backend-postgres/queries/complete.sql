@@ -7,9 +7,9 @@
 -- (seconds per statement). Here the ids come through `ARRAY(SELECT …)`, whose length the planner
 -- cannot see, so no batch looks large enough to scan the table for. Tokens are unique per claim:
 -- a row whose id and token are both in the batch was sent with that very pair, and its result is
--- the one at its token's place.
+-- the one at its token's place (a repeat without a result keeps the stored one).
 UPDATE {schema}.jobs
-SET status = 'done', result = ($3::jsonb[])[array_position($2::uuid[], lease_token)], locked_until = NULL,
-    updated_at = now()
+SET status = 'done', result = coalesce(($3::jsonb[])[array_position($2::uuid[], lease_token)], result),
+    locked_until = NULL, updated_at = now()
 WHERE id = ANY(ARRAY(SELECT unnest($1::bigint[]))) AND lease_token = ANY($2::uuid[])
-RETURNING id
+RETURNING id, lease_token

@@ -109,9 +109,11 @@ async fn flush(pool: &PgPool, sql: &Queries, batch: Vec<Request>) {
         .await;
     match outcome {
         Ok(rows) => {
-            let done: HashSet<i64> = rows.iter().map(|r| r.get(0)).collect();
+            // By id and token: a stale lease's completion in the same batch as the current one
+            // is told it changed nothing.
+            let done: HashSet<(i64, Uuid)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
             for r in batch {
-                let _ = r.reply.send(Ok(done.contains(&r.id)));
+                let _ = r.reply.send(Ok(done.contains(&(r.id, r.token))));
             }
         }
         Err(e) => {

@@ -547,8 +547,16 @@ pub async fn stranded_claims<Q: Queue, L: Ledger + Clone + 'static>(subject: Sub
         unit * 8
     );
     run.wait_for_effects(ids.len()).await?;
+    let hung_again = killed_at.elapsed();
     run.settle().await;
     survivor.shutdown().await;
+    ensure!(
+        run,
+        hung_again >= unit * 6,
+        "the job whose handler had started ran again {hung_again:?} after its worker died; it should \
+         keep its full lease ({:?}), its handler may still be at work",
+        unit * 8
+    );
     let effects = run.script.effects_of(&key);
     ensure!(
         run,
@@ -565,7 +573,8 @@ pub async fn stranded_claims<Q: Queue, L: Ledger + Clone + 'static>(subject: Sub
 /// runs, turns that delivery away.
 pub async fn slow_handler<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("slow_handler", subject);
-    let unit = run.s.caps.lease;
+    // Twice the subject's lease, so that a renewal late by a moment under load is not a lapse.
+    let unit = run.s.caps.lease * 2;
     run.script.delay(unit * 5 / 2);
     let ids = [50, 51];
     for (id, heartbeat) in ids.into_iter().zip([true, false]) {

@@ -125,21 +125,16 @@ impl Pace {
     }
 
     /// Jobs to hold claimed ahead of the handlers: as many as they get through in
-    /// [`CLAIM_AHEAD`]. Before any handler has finished, just the concurrency: nothing says yet
-    /// whether the jobs are quick.
+    /// [`CLAIM_AHEAD`] (or a quarter of the claim lease, if shorter). None before any handler has finished: nothing says yet whether the jobs
+    /// are quick, and a slow job claimed ahead would wait out its claim lease in the buffer.
     fn ahead(&self, config: &WorkerConfig) -> usize {
         let concurrency = config.concurrency.max(1) as u128;
         let avg = self.0.load(Ordering::Relaxed) as u128;
-        let ahead = (concurrency * CLAIM_AHEAD.as_micros()).checked_div(avg).unwrap_or(concurrency);
+        // Never more than a quarter of the claim lease's worth, so that a claimed job starts well
+        // before its claim lease is half gone (and it would be handed back).
+        let work = CLAIM_AHEAD.min(config.claim_lease() / 4).as_micros();
+        let ahead = (concurrency * work).checked_div(avg).unwrap_or(0);
         ahead.min(usize::MAX as u128) as usize
-    }
-
-    /// Jobs to ask for in one claim: the claimers' share of [`ahead`](Self::ahead), rounded up
-    /// to a power of two (a backend may prepare a statement per size: it sees few), at most
-    /// `batch`.
-    fn claim_size(&self, config: &WorkerConfig) -> usize {
-        let batch = config.batch.max(1);
-        self.ahead(config).div_ceil(config.claimers.max(1)).min(batch).next_power_of_two().min(batch)
     }
 }
 
@@ -386,6 +381,7 @@ impl<Q: Claim + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
             self.alerts.push(Arc::new(TracingAlerts));
         }
         let config = self.set.apply(self.config);
+        let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
         Worker {
             shared: Arc::new(Shared {
                 queue: self.queue,
@@ -398,6 +394,7 @@ impl<Q: Claim + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
                 pace: Pace::default(),
                 buffered: AtomicUsize::new(0),
                 taken: Notify::new(),
+                slots,
             }),
         }
     }
@@ -418,9 +415,12 @@ struct Shared<Q, L> {
     alerts: Vec<Arc<dyn AlertSink>>,
     counters: Counters,
     pace: Pace,
-    /// Claimed jobs waiting for a handler, and a signal each time one is taken.
+    /// Claimed jobs waiting for a handler, and a signal each time one is taken or a handler
+    /// finishes (either makes room for a claim).
     buffered: AtomicUsize,
     taken: Notify,
+    /// A permit per handler running.
+    slots: Arc<Semaphore>,
 }
 
 impl<Q: Claim + 'static, L: Ledger + 'static> Worker<Q, L> {
@@ -545,7 +545,7 @@ async fn claimer<Q: Claim + 'static, L: Ledger + 'static>(
     while !stop.is_cancelled() {
         // Wait for room for the whole claim: claiming whatever little room there is would turn
         // one full claim into many small ones (each an API request on SQS).
-        let want = shared.pace.claim_size(&shared.config);
+        let want = shared.claim_size();
         tokio::select! {
             permits = room.acquire_many(want as u32) => permits.expect("the semaphore is never closed").forget(),
             () = stop.cancelled() => break,
@@ -594,7 +594,7 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
     abandon: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let slots = Arc::new(Semaphore::new(shared.config.concurrency));
+    let slots = Arc::clone(&shared.slots);
     // Jobs between dispatch and settlement. A handler's slot is freed as soon as it returns, so
     // settlements (batched by the backend) overlap the next handlers; this bounds how many wait.
     let outstanding =
@@ -604,8 +604,6 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
     let mut unstarted = Vec::new();
     while let Some((claimed_at, job)) = waiting.recv().await {
         room.add_permits(1);
-        shared.buffered.fetch_sub(1, Ordering::Relaxed);
-        shared.taken.notify_waiters();
         let permits = tokio::select! {
             permits = async {
                 let out = Arc::clone(&outstanding).acquire_owned().await;
@@ -614,6 +612,10 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
             }, if !stop.is_cancelled() => Some(permits.expect("the semaphores are never closed")),
             () = stop.cancelled() => None,
         };
+        // Counted as waiting until it has its handler slot, so that no claim is made for the
+        // slot it is about to take.
+        shared.buffered.fetch_sub(1, Ordering::Relaxed);
+        shared.taken.notify_waiters();
         let Some((out, slot)) = permits else {
             unstarted.push(job);
             continue;
@@ -643,8 +645,23 @@ async fn dispatch<Q: Claim + 'static, L: Ledger + 'static>(
 }
 
 impl<Q: Claim, L: Ledger> Shared<Q, L> {
-    /// Waits until a claim of `want` more jobs keeps the buffer within what the handlers get
-    /// through in [`CLAIM_AHEAD`] (an empty buffer always takes one claim).
+    /// How many jobs may wait claimed: what the handlers get through in [`CLAIM_AHEAD`], or
+    /// as many as there are idle handlers, whichever is more. Slow jobs are thus claimed only for
+    /// a handler that is free, never to wait behind a running one for longer than their claim
+    /// lease.
+    fn room(&self) -> usize {
+        self.pace.ahead(&self.config).max(self.slots.available_permits())
+    }
+
+    /// Jobs to ask for in one claim: the claimers' share of the [`room`](Self::room), rounded up
+    /// to a power of two (a backend may prepare a statement per size: it sees few), at most
+    /// `batch`.
+    fn claim_size(&self) -> usize {
+        let batch = self.config.batch.max(1);
+        self.room().div_ceil(self.config.claimers.max(1)).min(batch).next_power_of_two().min(batch)
+    }
+
+    /// Waits until a claim of `want` more jobs keeps the buffer within the [`room`](Self::room).
     async fn wait_for_pace(&self, want: usize) {
         loop {
             let taken = self.taken.notified();
@@ -652,7 +669,7 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
             // Registered before looking, so a job taken in between is not missed.
             taken.as_mut().enable();
             let buffered = self.buffered.load(Ordering::Relaxed);
-            if buffered == 0 || buffered + want <= self.pace.ahead(&self.config) {
+            if buffered + want <= self.room() {
                 return;
             }
             taken.await;
@@ -686,10 +703,12 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
             }
             Ok(Begin::Busy(held_for)) => {
                 // Not a failure, and never a dead letter: another attempt is doing the work. Look
-                // again when its hold ends, not before: each look costs a delivery (a receive on
+                // again when its hold ends, not sooner: each look costs a delivery (a receive on
                 // SQS, counted by its redrive policy), and nothing waits on this copy but its own
                 // acknowledgement. A holder that dies lets the hold lapse, and then this copy runs.
-                let delay = held_for + Duration::from_millis(10);
+                // At most a third of the lease: a hold far longer than the worker's own (taken by
+                // a direct `Ledger::begin`) and released early is not waited out whole.
+                let delay = held_for.min(self.config.lease / 3) + Duration::from_millis(10);
                 info!(retry_in_ms = delay.as_millis() as u64, "deferred: another attempt holds this key");
                 self.counters.add(Count::Deferred, 1);
                 return self
@@ -733,6 +752,7 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
         let result = self.run_with_heartbeat(&claimed, &hold, run, &abandon).await;
         self.pace.record(started.elapsed());
         drop(slot); // the handler is done: the next one may start while this one settles
+        self.taken.notify_waiters(); // an idle handler is room for a claim
         let Some(result) = result else {
             let _ = self.ledger.release_hold(&hold).await;
             info!("interrupted by shutdown; released for another worker");
@@ -740,23 +760,43 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
             // The handler started, so the attempt counts, like any failed one.
             return self.settle(self.queue.retry(&claimed.lease, Duration::ZERO, "interrupted by shutdown").await);
         };
-        let outcome = match result {
-            Ok(value) => {
-                if let Err(e) = self.ledger.finish(&hold, &value).await {
-                    // The effect happened; a next delivery would see the key pending and resume.
-                    error!(error = %e, "could not mark the effect done in the ledger");
+        let settle = async {
+            let outcome = match result {
+                Ok(value) => {
+                    if let Err(e) = self.ledger.finish(&hold, &value).await {
+                        // The effect happened; a next delivery would see the key pending and resume.
+                        error!(error = %e, "could not mark the effect done in the ledger");
+                    }
+                    Outcome::Done(value)
                 }
-                Outcome::Done(value)
-            }
-            Err(err) => {
-                let _ = self.ledger.release_hold(&hold).await;
-                match err.retry_delay() {
-                    Some(after) => Outcome::Retry { after, error: err.message().to_owned() },
-                    None => Outcome::Fail { error: err.message().to_owned() },
+                Err(err) => {
+                    let _ = self.ledger.release_hold(&hold).await;
+                    match err.retry_delay() {
+                        Some(after) => Outcome::Retry { after, error: err.message().to_owned() },
+                        None => Outcome::Fail { error: err.message().to_owned() },
+                    }
                 }
-            }
+            };
+            self.decide(&claimed, outcome).await;
         };
-        self.decide(&claimed, outcome).await;
+        tokio::select! {
+            () = settle => {}
+            () = self.keep_lease_while_settling(&claimed) => unreachable!("it never returns"),
+        }
+    }
+
+    /// Beside a settlement that takes long (a database stall), keeps the job's lease alive: a
+    /// quick handler's job is still on its short claim lease, and must not be taken again while
+    /// its result is being written. A settlement done within a third of the claim lease (almost
+    /// all of them) costs a timer and nothing more.
+    async fn keep_lease_while_settling(&self, claimed: &Claimed) {
+        let every = (self.config.claim_lease() / 3).max(Duration::from_millis(10));
+        loop {
+            tokio::time::sleep(every).await;
+            if let Err(e) = self.queue.extend(&claimed.lease, self.config.lease).await {
+                debug!(error = %e, "could not extend the lease of a job being settled");
+            }
+        }
     }
 
     /// Runs the handler, extending the lease and the ledger hold while it runs. `None` when
@@ -787,10 +827,19 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
     /// the heartbeat on, the lease.
     async fn keep_alive(&self, claimed: &Claimed, hold: &Hold) {
         let config = &self.config;
-        if config.claim_lease() < config.lease
-            && let Err(e) = self.queue.extend(&claimed.lease, config.lease).await
-        {
-            warn!(error = %e, "could not move the job to its full lease; another worker may take it");
+        // Until it takes: once the claim lease lapses, another worker may start the job.
+        while config.claim_lease() < config.lease {
+            match self.queue.extend(&claimed.lease, config.lease).await {
+                Ok(()) => break,
+                Err(e) if e.kind() == ErrorKind::LeaseLost => {
+                    warn!("the job's claim lease lapsed before its handler started; another worker may run it");
+                    break;
+                }
+                Err(e) => {
+                    warn!(error = %e, "could not move the job to its full lease; trying again");
+                    tokio::time::sleep(config.claim_lease() / 4).await;
+                }
+            }
         }
         // The ledger hold is kept alive for as long as the handler runs, heartbeat or not: it
         // says "an attempt is alive", so a redelivery meanwhile waits instead of repeating the
@@ -949,6 +998,43 @@ mod tests {
             first.succeeded
         );
         assert_eq!(first.handed_back + second.handed_back, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slow_jobs_are_claimed_for_free_handlers_only_never_to_wait_out_their_claim_lease() {
+        let backend = MemoryBackend::new();
+        for n in 0..4 {
+            backend.enqueue_job(&Ping { n }).await.unwrap();
+        }
+        let runs = Arc::new(Mutex::new(0));
+        let counter = Arc::clone(&runs);
+        let config = WorkerConfig {
+            concurrency: 1,
+            claim_lease: Duration::from_millis(300),
+            lease: Duration::from_secs(10),
+            ..fast()
+        };
+        let worker = Worker::builder(backend.clone(), backend.clone())
+            .config(config)
+            .handle::<Ping>(move |_job: Ping, _ctx: JobContext| {
+                *counter.lock().unwrap() += 1;
+                async {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Ok::<_, JobError>(())
+                }
+            })
+            .build()
+            .start();
+        for _ in 0..300 {
+            if worker.stats().succeeded == 4 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let stats = worker.shutdown().await;
+        // A job claimed behind a running 500 ms handler would wait past half its 300 ms claim
+        // lease and be handed back, costing a receive on SQS each time.
+        assert_eq!((stats.succeeded, stats.claimed, stats.handed_back, *runs.lock().unwrap()), (4, 4, 0, 4));
     }
 
     #[tokio::test]
