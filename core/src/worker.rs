@@ -47,7 +47,9 @@ pub struct WorkerConfig {
     pub claim_lease: Duration,
     /// How often a running handler's lease is extended; `None` turns the heartbeat off
     /// (default: a third of the lease). The ledger hold is extended at this pace (or a third of
-    /// the lease) either way, for as long as the handler runs.
+    /// the lease) either way, for as long as the handler runs. Where the job's lease is its key's
+    /// hold (Postgres jobs), that keeps the lease too: a hung handler then holds its job for as
+    /// long as its process lives, heartbeat or not.
     pub heartbeat: Option<Duration>,
     /// How long one claim call waits for work (default 1 s; also bounds shutdown latency).
     pub poll: Duration,
