@@ -566,6 +566,7 @@ async fn claimer<Q: Claim + 'static, L: Ledger + 'static>(
             }
             Err(e) => {
                 room.add_permits(want);
+                shared.buffered.fetch_sub(want, Ordering::Relaxed); // the reservation
                 failures += 1;
                 let pause =
                     Backoff { base: Duration::from_millis(100), max: Duration::from_secs(10), ..Backoff::default() };
@@ -579,7 +580,8 @@ async fn claimer<Q: Claim + 'static, L: Ledger + 'static>(
         };
         room.add_permits(want.saturating_sub(claimed.len()));
         shared.counters.add(Count::Claimed, claimed.len() as u64);
-        shared.buffered.fetch_add(claimed.len(), Ordering::Relaxed);
+        // The reservation made for `want` becomes the jobs that came.
+        shared.buffered.fetch_sub(want - claimed.len().min(want), Ordering::Relaxed);
         let now = Instant::now();
         for job in claimed {
             // The dispatcher outlives every claimer, so this cannot fail.
@@ -663,7 +665,9 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
         self.room().div_ceil(self.config.claimers.max(1)).min(batch).next_power_of_two().min(batch)
     }
 
-    /// Waits until a claim of `want` more jobs keeps the buffer within the [`room`](Self::room).
+    /// Waits until a claim of `want` more jobs keeps the buffer within the [`room`](Self::room),
+    /// then reserves their places (in `buffered`), so that two claimers never both claim for
+    /// the same idle handler.
     async fn wait_for_pace(&self, want: usize) {
         loop {
             let taken = self.taken.notified();
@@ -672,7 +676,12 @@ impl<Q: Claim, L: Ledger> Shared<Q, L> {
             taken.as_mut().enable();
             let buffered = self.buffered.load(Ordering::Relaxed);
             if buffered + want <= self.room() {
-                return;
+                let reserved =
+                    self.buffered.compare_exchange(buffered, buffered + want, Ordering::AcqRel, Ordering::Relaxed);
+                if reserved.is_ok() {
+                    return;
+                }
+                continue; // another claimer reserved meanwhile: look again
             }
             taken.await;
         }
