@@ -479,6 +479,12 @@ fn parse_lease(lease: &Lease) -> Result<(i64, Uuid)> {
     Ok((id, token))
 }
 
+/// The lease behind the hold of a job claimed here (its token is `job:<id>:<lease token>`).
+fn job_lease(hold: &Hold) -> Option<Lease> {
+    let (id, token) = hold.token.strip_prefix(JOB_HOLD)?.split_once(':')?;
+    Some(Lease { job_id: JobId(id.to_owned()), token: token.to_owned() })
+}
+
 fn parse_record_id(id: &FailureId) -> Result<i64> {
     id.0.parse().map_err(|_| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))
 }
@@ -835,11 +841,9 @@ impl Ledger for PgBackend {
     }
 
     async fn extend_hold(&self, hold: &Hold, by: Duration) -> Result<()> {
-        if let Some(job) = hold.token.strip_prefix(JOB_HOLD) {
+        if let Some(lease) = job_lease(hold) {
             // The job's lease is its key's hold: keeping the hold means keeping the lease, with
             // the worker's heartbeat on or off, or a slow handler's job would be claimed again.
-            let (id, token) = job.split_once(':').unwrap_or_default();
-            let lease = Lease { job_id: JobId(id.to_owned()), token: token.to_owned() };
             return self.extend(&lease, by).await;
         }
         let row = q(&self.inner.sql.ledger_extend)
@@ -867,10 +871,9 @@ impl Ledger for PgBackend {
     }
 
     async fn finish(&self, hold: &Hold, result: &Value) -> Result<()> {
-        if let Some(job) = hold.token.strip_prefix(JOB_HOLD) {
+        if let Some(lease) = job_lease(hold) {
             // Done with its result, and the job complete, in one fenced write.
-            let (id, token) = job.split_once(':').unwrap_or_default();
-            let (id, token) = (id.parse().unwrap_or_default(), Uuid::parse_str(token).unwrap_or_default());
+            let (id, token) = parse_lease(&lease)?;
             if self.inner.completer.complete(id, token, Some(result.clone())).await? {
                 self.inner.finished.lock().unwrap_or_else(|p| p.into_inner()).insert(token);
             }

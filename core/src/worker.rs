@@ -127,8 +127,9 @@ impl Pace {
     }
 
     /// Jobs to hold claimed ahead of the handlers: as many as they get through in
-    /// [`CLAIM_AHEAD`] (or a quarter of the claim lease, if shorter). None before any handler has finished: nothing says yet whether the jobs
-    /// are quick, and a slow job claimed ahead would wait out its claim lease in the buffer.
+    /// [`CLAIM_AHEAD`] (or a quarter of the claim lease, if shorter). None before any handler
+    /// has finished: nothing says yet whether the jobs are quick, and a slow job claimed ahead
+    /// would wait out its claim lease in the buffer.
     fn ahead(&self, config: &WorkerConfig) -> usize {
         let concurrency = config.concurrency.max(1) as u128;
         let avg = self.0.load(Ordering::Relaxed) as u128;
@@ -578,10 +579,11 @@ async fn claimer<Q: Claim + 'static, L: Ledger + 'static>(
                 continue;
             }
         };
-        room.add_permits(want.saturating_sub(claimed.len()));
+        // The room and the reservation made for `want` become the jobs that came.
+        let unfilled = want.saturating_sub(claimed.len());
+        room.add_permits(unfilled);
+        shared.buffered.fetch_sub(unfilled, Ordering::Relaxed);
         shared.counters.add(Count::Claimed, claimed.len() as u64);
-        // The reservation made for `want` becomes the jobs that came.
-        shared.buffered.fetch_sub(want - claimed.len().min(want), Ordering::Relaxed);
         let now = Instant::now();
         for job in claimed {
             // The dispatcher outlives every claimer, so this cannot fail.
