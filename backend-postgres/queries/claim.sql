@@ -7,12 +7,16 @@
 -- after them keeps a claim's cost flat however many jobs ran since. NULLs scan from the front.
 -- `ready_at` is each job's run_at before the claim cleared it.
 --
+-- $4 is the kinds the worker has handlers for (NULL: any); a job of another kind stays for a worker
+-- that has one. `started` is cleared: a claim that lapses before its handler starts is refunded.
+--
 -- {limit} is written into the text, one prepared statement per batch size, rather than bound: with
 -- a bound LIMIT the generic plan assumes a tenth of the table, looks dearer than a custom plan,
 -- and PostgreSQL plans the statement anew on every call.
 WITH picked AS MATERIALIZED (
     SELECT id, run_at FROM {schema}.jobs
     WHERE run_at <= now() AND (run_at, id) > (coalesce($2, '-infinity'::timestamptz), coalesce($3, 0::bigint))
+      AND ($4::text[] IS NULL OR kind = ANY($4::text[]))
     ORDER BY run_at, id
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED
@@ -22,11 +26,12 @@ WITH picked AS MATERIALIZED (
         run_at = NULL,
         attempts = j.attempts + 1,
         claims = j.claims + 1,
+        started = false,
         lease_token = gen_random_uuid(),
         locked_until = now() + make_interval(secs => $1),
         updated_at = now()
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.kind, j.idempotency_key, j.provider_key, j.payload, j.attempts, j.claims, j.cap, j.severity,
-              j.created_at, j.lease_token
+              j.created_at, j.lease_token, j.stranded
 )
 SELECT claimed.*, picked.run_at AS ready_at FROM claimed JOIN picked USING (id)

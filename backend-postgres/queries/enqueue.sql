@@ -1,6 +1,7 @@
 -- Insert-or-skip on the key. Returns the new job (created = true), or else the existing one with
 -- its fingerprint so the caller can tell a duplicate from a key conflict, and its provider key
--- (NULL if the job row is gone) so a producer learns the one the provider will see. The key row and the job
+-- (NULL if the job row is gone) so a producer learns the one the provider will see, and its status
+-- (a failed job's key answers `Failed`, not `Duplicate`). The key row and the job
 -- row are written by this one statement: both exist or neither does.
 WITH key AS (
     INSERT INTO {schema}.job_keys (idempotency_key, fingerprint)
@@ -11,8 +12,8 @@ WITH key AS (
     INSERT INTO {schema}.jobs (id, kind, idempotency_key, provider_key, payload, severity, cap)
     SELECT job_id, $1, $2, $3, $4, $6, $7 FROM key
 )
-SELECT job_id AS id, fingerprint, true AS created, $3::uuid AS provider_key FROM key
+SELECT job_id AS id, fingerprint, true AS created, $3::uuid AS provider_key, 'queued' AS status FROM key
 UNION ALL
-SELECT k.job_id, k.fingerprint, false, j.provider_key
+SELECT k.job_id, k.fingerprint, false, j.provider_key, j.status
 FROM {schema}.job_keys k LEFT JOIN {schema}.jobs j ON j.id = k.job_id
 WHERE k.idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM key)

@@ -1,4 +1,6 @@
+-- Renew a lease: the heartbeat, and the move of a started job from its claim lease to the full
+-- lease, which marks it started (a lapse after this charges the attempt).
 UPDATE {schema}.jobs
-SET locked_until = now() + make_interval(secs => $3), updated_at = now()
+SET locked_until = now() + make_interval(secs => $3), started = true, updated_at = now()
 WHERE id = $1 AND lease_token = $2 AND status = 'running'
 RETURNING id

@@ -1,1 +1,21 @@
-DELETE FROM {schema}.failed_jobs WHERE last_failed_at < now() - make_interval(secs => $1)
+-- Delete failure records whose last failure is older than $1 seconds, and with them, once a job
+-- has no record left, the failed job row and its key: the payload is then nowhere in the schema,
+-- and the key is free (enqueued again, it makes a new job). Returns the records deleted.
+WITH purged AS (
+    DELETE FROM {schema}.failed_jobs
+    WHERE last_failed_at < now() - make_interval(secs => $1)
+    RETURNING job_id
+), gone AS (
+    -- Every statement of this one sees the records as they were before it: a record that stays
+    -- is one this statement does not delete.
+    DELETE FROM {schema}.jobs j
+    WHERE j.id = ANY(ARRAY(SELECT DISTINCT job_id FROM purged)) AND j.status = 'failed'
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.failed_jobs f
+          WHERE f.job_id = j.id AND f.last_failed_at >= now() - make_interval(secs => $1)
+      )
+    RETURNING j.idempotency_key
+), keys AS (
+    DELETE FROM {schema}.job_keys WHERE idempotency_key = ANY(ARRAY(SELECT idempotency_key FROM gone))
+)
+SELECT count(*) AS purged FROM purged

@@ -7,7 +7,7 @@ WITH record AS (
     RETURNING job_id
 )
 UPDATE {schema}.jobs
-SET status = 'queued', attempts = 0, run_at = now(), errors = '[]', last_error = NULL,
+SET status = 'queued', attempts = 0, stranded = 0, run_at = now(), errors = '[]', last_error = NULL,
     lease_token = NULL, locked_until = NULL, updated_at = now()
 WHERE id = (SELECT job_id FROM record) AND status = 'failed'
 RETURNING id

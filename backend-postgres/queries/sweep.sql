@@ -3,6 +3,9 @@
 -- scan of the table. Each row is locked as it is found, and its expiry is checked again on the
 -- version that is locked (a job completed or extended meanwhile is left alone: River #1302). The
 -- horizon is the database's clock, not the worker's.
+--
+-- A claim whose handler never started (its worker died with it claimed ahead) gives its attempt
+-- and claim back and counts as stranded; one that started keeps them, and its error says why.
 WITH expired AS MATERIALIZED (
     SELECT id FROM {schema}.jobs
     WHERE locked_until < now()
@@ -12,6 +15,10 @@ WITH expired AS MATERIALIZED (
 )
 UPDATE {schema}.jobs
 SET status = 'queued', run_at = now(), lease_token = NULL, locked_until = NULL, updated_at = now(),
-    last_error = 'lease expired: the worker stopped without settling the job'
+    attempts = attempts - (NOT started)::int,
+    claims = claims - (NOT started)::int,
+    stranded = stranded + (NOT started)::int,
+    last_error = CASE WHEN started THEN 'lease expired: the worker stopped without settling the job'
+                      ELSE last_error END
 WHERE id = ANY(ARRAY(SELECT id FROM expired)) AND locked_until < now() AND status = 'running'
 RETURNING id

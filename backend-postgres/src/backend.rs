@@ -1,15 +1,15 @@
 //! `PgBackend`: every redrive contract on PostgreSQL.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive_core::{
-    AttemptError, Begin, Claim, Claimed, Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId,
-    FailureQuery, FailureRecord, Hold, IdempotencyKey, JobId, JobRecord, Lease, Ledger, NewJob, ProviderKey,
-    QueueStats, RecordState, Replay, ReplayOutcome, Result, Severity, payload_fingerprint,
+    AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Counts, DeadLetter, Dedupe, Enqueue, Enqueued, Error,
+    ErrorKind, FailureId, FailureQuery, FailureRecord, Hold, IdempotencyKey, JobId, JobRecord, Kinds, Lease, Ledger,
+    NewJob, ProviderKey, QueueStats, RecordState, Renew, Replay, ReplayOutcome, Result, Severity, payload_fingerprint,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
@@ -39,11 +39,6 @@ struct Inner {
     completer: Completer,
     /// Claims and completions running at once (see `PgConfig::with_in_flight`).
     in_flight: Arc<tokio::sync::Semaphore>,
-    /// The jobs this process claimed and has not settled: for them the job row is the ledger
-    /// entry of their key.
-    held: Mutex<Held>,
-    /// Leases already completed by a ledger `finish`, so the `complete` after it costs nothing.
-    finished: Mutex<HashSet<Uuid>>,
     wake: OnceCell<Arc<Notify>>,
     notify_pending: Arc<AtomicBool>,
     last_sweep: tokio::sync::Mutex<tokio::time::Instant>,
@@ -105,20 +100,6 @@ impl ScanFloor {
     }
 }
 
-/// Claimed jobs by key, and their keys by lease token.
-#[derive(Default)]
-struct Held {
-    by_key: HashMap<IdempotencyKey, HeldJob>,
-    keys: HashMap<Uuid, IdempotencyKey>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct HeldJob {
-    id: i64,
-    token: Uuid,
-    claims: i32,
-}
-
 /// What [`PgBackend::effect_once`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EffectOnce {
@@ -133,8 +114,6 @@ impl std::fmt::Debug for PgBackend {
         f.debug_struct("PgBackend").field("schema", &self.inner.schema).finish_non_exhaustive()
     }
 }
-
-const JOB_HOLD: &str = "job:";
 
 /// Connections a pool opens when it is created: one per default claimer, and one for completions.
 const WARM_CONNECTIONS: u32 = 5;
@@ -172,8 +151,6 @@ impl PgBackend {
                 config,
                 completer,
                 in_flight,
-                held: Mutex::default(),
-                finished: Mutex::default(),
                 wake: OnceCell::new(),
                 notify_pending: Arc::new(AtomicBool::new(false)),
                 last_sweep: tokio::sync::Mutex::new(tokio::time::Instant::now()),
@@ -236,6 +213,9 @@ impl PgBackend {
         if row.get::<String, _>("fingerprint") != fingerprint {
             return Err(key_conflict(&job.key, &id));
         }
+        if row.get::<Option<&str>, _>("status") == Some("failed") {
+            return Ok(Enqueued::Failed { id });
+        }
         let provider_key = row.get::<Option<Uuid>, _>("provider_key").map(ProviderKey::from_uuid);
         Ok(Enqueued::Duplicate { id, provider_key })
     }
@@ -289,8 +269,8 @@ impl PgBackend {
         }
     }
 
-    /// Deletes jobs that finished (done) more than `older_than` ago, with their keys, and returns
-    /// how many. Run it now and then (a daily task), or the tables keep every job ever done. The
+    /// Deletes jobs that finished (done) more than `older_than` ago, with their keys, and the
+    /// effect ledger's done keys and applied effects as old; returns how many jobs. Run it now and then (a daily task), or the tables keep every job ever done. The
     /// age is the dedupe window it leaves: a key enqueued again after its job was pruned makes a
     /// new job, so keep it longer than any producer may repeat a job. Failure records are pruned
     /// apart, by [`DeadLetter::purge`].
@@ -308,6 +288,19 @@ impl PgBackend {
                 .rows_affected();
             pruned += done;
             if done < CHUNK as u64 {
+                break;
+            }
+        }
+        // The ledger rows of other queues' keys and alerts, and same-database effects, as old.
+        loop {
+            let done: i64 = q(&self.inner.sql.prune_ledger)
+                .bind(older_than.as_secs_f64())
+                .bind(CHUNK)
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "prune the effect ledger"))?
+                .get("pruned");
+            if done < CHUNK {
                 return Ok(pruned);
             }
         }
@@ -342,32 +335,27 @@ impl PgBackend {
         Ok(())
     }
 
-    async fn claim_once(&self, max: usize, lease: Duration) -> Result<Vec<Claimed>> {
+    async fn claim_once(&self, kinds: &Option<Vec<String>>, max: usize, lease: Duration) -> Result<Vec<Claimed>> {
         let (floor, generation) = self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).read();
-        let mut rows = self.claim_after(max, lease, floor).await?;
+        let mut rows = self.claim_after(kinds, max, lease, floor).await?;
         let mut scanned_front = floor.is_none();
         if rows.is_empty() && !scanned_front {
             // Nothing above the floor: look behind it before saying the queue is empty.
-            rows = self.claim_after(max, lease, None).await?;
+            rows = self.claim_after(kinds, max, lease, None).await?;
             scanned_front = true;
         }
         let end = (rows.len() == max).then(|| rows.iter().map(|r| (r.get("ready_at"), r.get("id"))).max()).flatten();
         self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).settle(generation, scanned_front, end);
-        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        rows.iter()
-            .map(|row| {
-                let claimed = claimed_from(row)?;
-                let job = HeldJob { id: row.get("id"), token: row.get("lease_token"), claims: row.get("claims") };
-                if let Some(old) = held.by_key.insert(claimed.job.key.clone(), job) {
-                    held.keys.remove(&old.token);
-                }
-                held.keys.insert(job.token, claimed.job.key.clone());
-                Ok(claimed)
-            })
-            .collect()
+        rows.iter().map(claimed_from).collect()
     }
 
-    async fn claim_after(&self, max: usize, lease: Duration, floor: Option<Position>) -> Result<Vec<PgRow>> {
+    async fn claim_after(
+        &self,
+        kinds: &Option<Vec<String>>,
+        max: usize,
+        lease: Duration,
+        floor: Option<Position>,
+    ) -> Result<Vec<PgRow>> {
         let sql = {
             let mut by_limit = self.inner.claim_by_limit.lock().unwrap_or_else(|p| p.into_inner());
             match by_limit.get(&max) {
@@ -388,17 +376,10 @@ impl PgBackend {
             .bind(lease.as_secs_f64())
             .bind(floor.map(|(at, _)| at))
             .bind(floor.map(|(_, id)| id))
+            .bind(kinds)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| db(e, "claim"))
-    }
-
-    fn forget(&self, lease: &Lease) {
-        let Ok(token) = Uuid::parse_str(&lease.token) else { return };
-        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(key) = held.keys.remove(&token) {
-            held.by_key.remove(&key);
-        }
     }
 
     async fn fenced(
@@ -479,12 +460,6 @@ fn parse_lease(lease: &Lease) -> Result<(i64, Uuid)> {
     Ok((id, token))
 }
 
-/// The lease behind the hold of a job claimed here (its token is `job:<id>:<lease token>`).
-fn job_lease(hold: &Hold) -> Option<Lease> {
-    let (id, token) = hold.token.strip_prefix(JOB_HOLD)?.split_once(':')?;
-    Some(Lease { job_id: JobId(id.to_owned()), token: token.to_owned() })
-}
-
 fn parse_record_id(id: &FailureId) -> Result<i64> {
     id.0.parse().map_err(|_| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))
 }
@@ -493,23 +468,32 @@ fn key_from(s: String) -> Result<IdempotencyKey> {
     IdempotencyKey::parse(s).map_err(|e| Error::new(ErrorKind::Decode, format!("stored key: {e}")))
 }
 
+/// A claimed row. The row is its key's ledger entry, and the claim took the key: the claim
+/// carries the key's state (resumed when an earlier claim started it), and the hold is the lease.
 fn claimed_from(row: &PgRow) -> Result<Claimed> {
     let id: i64 = row.get("id");
     let token: Uuid = row.get("lease_token");
+    let key = key_from(row.get("idempotency_key"))?;
+    let provider_key = ProviderKey::from_uuid(row.get("provider_key"));
+    let lease = Lease { job_id: JobId(id.to_string()), token: token.to_string() };
+    let hold = Hold { key: key.clone(), token: token.to_string(), provider_key, lease: Some(lease.clone()) };
+    let begun = if row.get::<i32, _>("claims") > 1 { Begin::Resumed(hold) } else { Begin::Fresh(hold) };
     Ok(Claimed {
         job: JobRecord {
             id: JobId(id.to_string()),
             kind: row.get("kind"),
-            key: key_from(row.get("idempotency_key"))?,
-            provider_key: ProviderKey::from_uuid(row.get("provider_key")),
+            key,
+            provider_key,
             payload: row.get("payload"),
             attempt: row.get::<i32, _>("attempts") as u32,
             cap: row.get::<i32, _>("cap") as u32,
             severity: severity_from(row.get("severity")),
             enqueued_at: row.get("created_at"),
+            stranded: row.get::<i32, _>("stranded").max(0) as u32,
             undecodable: None,
         },
-        lease: Lease { job_id: JobId(id.to_string()), token: token.to_string() },
+        lease,
+        begun: Some(begun),
     })
 }
 
@@ -585,7 +569,7 @@ impl Enqueue for PgBackend {
             .map_err(|e| db(e, "batch enqueue"))?;
         let created: HashMap<String, i64> = inserted.iter().map(|r| (r.get("idempotency_key"), r.get("id"))).collect();
         let others: Vec<String> = jobs.iter().map(|j| j.key.to_string()).filter(|k| !created.contains_key(k)).collect();
-        let mut existing: HashMap<String, (i64, String, Option<Uuid>)> = HashMap::new();
+        let mut existing: HashMap<String, (i64, String, Option<Uuid>, Option<String>)> = HashMap::new();
         if !others.is_empty() {
             let rows = q(&self.inner.sql.existing)
                 .bind(&others)
@@ -593,7 +577,8 @@ impl Enqueue for PgBackend {
                 .await
                 .map_err(|e| db(e, "batch enqueue"))?;
             for r in rows {
-                existing.insert(r.get("idempotency_key"), (r.get("id"), r.get("fingerprint"), r.get("provider_key")));
+                let found = (r.get("id"), r.get("fingerprint"), r.get("provider_key"), r.get("status"));
+                existing.insert(r.get("idempotency_key"), found);
             }
         }
         // The same key twice in one batch: the first copy created it, with its provider key.
@@ -610,13 +595,17 @@ impl Enqueue for PgBackend {
                     }
                     Some(first) => Enqueued::Duplicate { id, provider_key: Some(*first) },
                 });
-            } else if let Some((id, fingerprint, provider_key)) = existing.get(key) {
+            } else if let Some((id, fingerprint, provider_key, status)) = existing.get(key) {
                 let id = JobId(id.to_string());
                 if *fingerprint != fingerprints[&job.key] {
                     // All or nothing: the transaction rolls back on drop.
                     return Err(key_conflict(&job.key, &id));
                 }
-                results.push(Enqueued::Duplicate { id, provider_key: provider_key.map(ProviderKey::from_uuid) });
+                results.push(if status.as_deref() == Some("failed") {
+                    Enqueued::Failed { id }
+                } else {
+                    Enqueued::Duplicate { id, provider_key: provider_key.map(ProviderKey::from_uuid) }
+                });
             } else {
                 return Err(Error::temporary(format!("job {key} is being enqueued concurrently")));
             }
@@ -629,8 +618,28 @@ impl Enqueue for PgBackend {
     }
 }
 
+impl Backend for PgBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            dedupe: Dedupe::Kept,
+            max_payload: self.inner.config.max_payload,
+            max_claim: usize::MAX,
+            atomic_batch: true,
+            release_refunds: true,
+            crash_refunds: true,
+            claim_by_kind: true,
+            min_lease: Duration::from_millis(1),
+            push_delivery: false,
+        }
+    }
+}
+
 impl Claim for PgBackend {
-    async fn claim(&self, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+    async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+        let kinds = match kinds {
+            Kinds::Any => None,
+            Kinds::Only(kinds) => Some(kinds.clone()),
+        };
         let deadline = tokio::time::Instant::now() + wait;
         let wake = self.wake_signal().await;
         loop {
@@ -641,7 +650,7 @@ impl Claim for PgBackend {
                 n.enable();
             }
             self.sweep_if_due().await?;
-            let claimed = self.claim_once(max, lease).await?;
+            let claimed = self.claim_once(&kinds, max, lease).await?;
             let now = tokio::time::Instant::now();
             if !claimed.is_empty() || now >= deadline {
                 return Ok(claimed);
@@ -659,18 +668,12 @@ impl Claim for PgBackend {
         }
     }
 
-    async fn complete(&self, lease: &Lease) -> Result<()> {
+    async fn complete(&self, lease: &Lease, result: Option<&Value>) -> Result<()> {
         let (id, token) = parse_lease(lease)?;
-        let finished = self.inner.finished.lock().unwrap_or_else(|p| p.into_inner()).remove(&token);
-        self.forget(lease);
-        if finished {
-            return Ok(());
-        }
-        if self.inner.completer.complete(id, token, None).await? { Ok(()) } else { Err(lease_lost(lease)) }
+        if self.inner.completer.complete(id, token, result.cloned()).await? { Ok(()) } else { Err(lease_lost(lease)) }
     }
 
     async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
-        self.forget(lease);
         self.fenced(&self.inner.sql.retry, lease, |q| q.bind(delay.as_secs_f64()).bind(error.to_owned()), "retry")
             .await?;
         if delay < self.inner.config.poll {
@@ -679,19 +682,21 @@ impl Claim for PgBackend {
         Ok(())
     }
 
-    async fn extend(&self, lease: &Lease, by: Duration) -> Result<()> {
-        self.fenced(&self.inner.sql.extend, lease, |q| q.bind(by.as_secs_f64()), "extend lease").await
+    async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        self.fenced(&self.inner.sql.release, lease, |q| q.bind(delay.as_secs_f64()), "defer").await?;
+        if delay < self.inner.config.poll {
+            self.wake();
+        }
+        Ok(())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        self.forget(lease);
-        self.fenced(&self.inner.sql.release, lease, |q| q, "release").await?;
+        self.fenced(&self.inner.sql.release, lease, |q| q.bind(0.0f64), "release").await?;
         self.wake();
         Ok(())
     }
 
-    async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<FailureRecord> {
-        self.forget(&claimed.lease);
+    async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<Option<FailureRecord>> {
         let (id, token) = parse_lease(&claimed.lease)?;
         let row = q(&self.inner.sql.dead_letter)
             .bind(id)
@@ -700,7 +705,18 @@ impl Claim for PgBackend {
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(|e| db(e, "dead-letter"))?;
-        record_from(&row.ok_or_else(|| lease_lost(&claimed.lease))?)
+        record_from(&row.ok_or_else(|| lease_lost(&claimed.lease))?).map(Some)
+    }
+
+    fn renewal(&self) -> Option<&impl Renew> {
+        Some(self)
+    }
+}
+
+impl Renew for PgBackend {
+    async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
+        self.fenced(&self.inner.sql.extend, lease, |q| q.bind(by.as_secs_f64()), "extend lease").await?;
+        Ok(lease.clone())
     }
 }
 
@@ -770,12 +786,13 @@ impl DeadLetter for PgBackend {
     }
 
     async fn purge(&self, age: Duration) -> Result<u64> {
-        let done = q(&self.inner.sql.purge)
+        let purged: i64 = q(&self.inner.sql.purge)
             .bind(age.as_secs_f64())
-            .execute(&self.inner.pool)
+            .fetch_one(&self.inner.pool)
             .await
-            .map_err(|e| db(e, "purge"))?;
-        Ok(done.rows_affected())
+            .map_err(|e| db(e, "purge"))?
+            .get("purged");
+        Ok(purged.max(0) as u64)
     }
 }
 
@@ -803,14 +820,13 @@ impl Replay for PgBackend {
 }
 
 impl Ledger for PgBackend {
-    async fn begin(&self, key: &IdempotencyKey, payload: &Value, hold: Duration) -> Result<Begin> {
-        let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner()).by_key.get(key).copied();
-        if let Some(job) = held {
-            // A job claimed here: its row is the ledger entry, its lease the hold, and the unique
-            // key means no other row can carry the effect. No round trip needed.
-            let hold = Hold { key: key.clone(), token: format!("{JOB_HOLD}{}:{}", job.id, job.token) };
-            return Ok(if job.claims > 1 { Begin::Resumed(hold) } else { Begin::Fresh(hold) });
-        }
+    async fn begin(
+        &self,
+        key: &IdempotencyKey,
+        payload: &Value,
+        provider_key: ProviderKey,
+        hold: Duration,
+    ) -> Result<Begin> {
         let fingerprint = &payload_fingerprint(payload);
         let token = Uuid::new_v4();
         let taken = q(&self.inner.sql.ledger_begin)
@@ -818,12 +834,15 @@ impl Ledger for PgBackend {
             .bind(fingerprint)
             .bind(token)
             .bind(hold.as_secs_f64())
+            .bind(provider_key.as_uuid())
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(|e| db(e, "ledger begin"))?;
-        let hold_of = || Hold { key: key.clone(), token: token.to_string() };
         if let Some(row) = taken {
-            return Ok(if row.get::<bool, _>("fresh") { Begin::Fresh(hold_of()) } else { Begin::Resumed(hold_of()) });
+            // Rows from before provider keys were kept in the ledger have none: this one's is used.
+            let stored = row.get::<Option<Uuid>, _>("provider_key").map_or(provider_key, ProviderKey::from_uuid);
+            let hold = Hold { key: key.clone(), token: token.to_string(), provider_key: stored, lease: None };
+            return Ok(if row.get::<bool, _>("fresh") { Begin::Fresh(hold) } else { Begin::Resumed(hold) });
         }
         let row = q(&self.inner.sql.ledger_state)
             .bind(key.as_str())
@@ -841,10 +860,9 @@ impl Ledger for PgBackend {
     }
 
     async fn extend_hold(&self, hold: &Hold, by: Duration) -> Result<()> {
-        if let Some(lease) = job_lease(hold) {
-            // The job's lease is its key's hold: keeping the hold means keeping the lease, with
-            // the worker's heartbeat on or off, or a slow handler's job would be claimed again.
-            return self.extend(&lease, by).await;
+        if let Some(lease) = &hold.lease {
+            // The hold is a job's lease: keeping it is renewing the lease.
+            return self.renew(lease, by).await.map(|_| ());
         }
         let row = q(&self.inner.sql.ledger_extend)
             .bind(hold.key.as_str())
@@ -858,7 +876,7 @@ impl Ledger for PgBackend {
     }
 
     async fn release_hold(&self, hold: &Hold) -> Result<()> {
-        if hold.token.starts_with(JOB_HOLD) {
+        if hold.lease.is_some() {
             return Ok(()); // settling the job settles its row
         }
         q(&self.inner.sql.ledger_release)
@@ -871,13 +889,9 @@ impl Ledger for PgBackend {
     }
 
     async fn finish(&self, hold: &Hold, result: &Value) -> Result<()> {
-        if let Some(lease) = job_lease(hold) {
+        if let Some(lease) = &hold.lease {
             // Done with its result, and the job complete, in one fenced write.
-            let (id, token) = parse_lease(&lease)?;
-            if self.inner.completer.complete(id, token, Some(result.clone())).await? {
-                self.inner.finished.lock().unwrap_or_else(|p| p.into_inner()).insert(token);
-            }
-            return Ok(());
+            return self.complete(lease, Some(result)).await;
         }
         q(&self.inner.sql.ledger_finish)
             .bind(hold.key.as_str())

@@ -59,6 +59,7 @@ queries!(
     purge,
     replay,
     prune_done,
+    prune_ledger,
     queue_counts,
     ledger_begin,
     ledger_state,
@@ -79,9 +80,10 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, s
 /// schemas in one database migrate independently.
 pub(crate) fn migrator(schema: &str) -> Migrator {
     let quoted = format!("\"{schema}\"");
-    let files: [(i64, &str, &str); 2] = [
+    let files: [(i64, &str, &str); 3] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "done index", include_str!("../migrations/0002_done_index.sql")),
+        (3, "contract v2", include_str!("../migrations/0003_contract_v2.sql")),
     ];
     let migrations = files
         .into_iter()

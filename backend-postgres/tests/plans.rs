@@ -67,14 +67,14 @@ fn statements() -> Vec<Statement> {
         Statement {
             name: "claim, from the front",
             sql: file!("claim"),
-            types: "float8, timestamptz, bigint",
-            args: |_| "30, NULL, NULL".into(),
+            types: "float8, timestamptz, bigint, text[]",
+            args: |_| "30, NULL, NULL, ARRAY['k']".into(),
         },
         Statement {
             name: "claim, from a scan floor",
             sql: file!("claim"),
-            types: "float8, timestamptz, bigint",
-            args: |_| "30, now() - interval '1 hour', 5".into(),
+            types: "float8, timestamptz, bigint, text[]",
+            args: |_| "30, now() - interval '1 hour', 5, NULL".into(),
         },
         Statement {
             name: "complete",
@@ -97,8 +97,8 @@ fn statements() -> Vec<Statement> {
         Statement {
             name: "release",
             sql: file!("release"),
-            types: "bigint, uuid",
-            args: |s| format!("{}, '{}'", s.one().0, s.one().1),
+            types: "bigint, uuid, float8",
+            args: |s| format!("{}, '{}', 0", s.one().0, s.one().1),
         },
         Statement {
             name: "dead_letter",
@@ -135,11 +135,12 @@ fn statements() -> Vec<Statement> {
             args: |_| "0, 10000".into(),
         },
         Statement { name: "replay", sql: file!("replay"), types: "bigint", args: |_| "1".into() },
+        Statement { name: "purge", sql: file!("purge"), types: "float8", args: |_| "0".into() },
         Statement {
             name: "ledger_begin",
             sql: file!("ledger_begin"),
-            types: "text, text, uuid, float8",
-            args: |s| format!("'{}', 'f', gen_random_uuid(), 30", s.ledger_key),
+            types: "text, text, uuid, float8, uuid",
+            args: |s| format!("'{}', 'f', gen_random_uuid(), 30, gen_random_uuid()", s.ledger_key),
         },
         Statement {
             name: "ledger_state",

@@ -2,15 +2,23 @@
 //!
 //! | trait | what it does |
 //! |---|---|
+//! | [`Backend`] | declares the backend's [`Capabilities`]; the worker and the suite read them |
 //! | [`Enqueue`] | add jobs; created or duplicate; same key with another payload is a conflict |
-//! | [`Claim`] | take jobs under a lease; complete, retry, extend, release or dead-letter with it |
+//! | [`Claim`] | take jobs of some kinds under a lease; complete, retry, defer, release or dead-letter with it |
+//! | [`Renew`] | optional: extend a lease, getting the lease to use from then on |
 //! | [`DeadLetter`] | read and manage failure records |
 //! | [`Replay`] | put a failure record's job back with its original keys |
-//! | [`Ledger`] | the effect ledger: fresh / pending / done per key |
+//! | [`Ledger`] | the effect ledger: fresh / pending / done per key, with the key's provider key |
 //! | [`QueueStats`] | how many jobs are queued and running |
 //!
 //! Conveniences (typed jobs, replay by filter, waiting for a queue to drain) live in
 //! [`EnqueueExt`], [`ReplayExt`] and [`QueueStatsExt`].
+//!
+//! # Attempts
+//!
+//! An attempt is a handler start. A backend counts one at claim, and gives it back where it can
+//! when the handler never started: [`Claim::defer`] always does, [`Claim::release`] and the
+//! return of a lapsed claim where [`Capabilities`] say so.
 
 use std::future::Future;
 use std::time::Duration;
@@ -23,6 +31,69 @@ use crate::error::Result;
 use crate::job::{Job, JobId, JobRecord, NewJob, Severity};
 use crate::key::{IdempotencyKey, ProviderKey};
 use crate::redact::debug_redacted;
+
+/// How a backend treats the same key enqueued twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dedupe {
+    /// Both copies are delivered; the effect ledger keeps the effect to one (SQS standard, Azure).
+    None,
+    /// Within this window after the first, a second copy is dropped (SQS FIFO: 5 minutes; QStash).
+    Window(Duration),
+    /// For as long as the first job is kept: a second copy answers
+    /// [`Enqueued::Duplicate`] (Postgres, memory).
+    Kept,
+}
+
+/// What a backend can do, declared through the contract so that the worker and the conformance
+/// suite read it rather than have it restated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// What enqueuing a key twice does.
+    pub dedupe: Dedupe,
+    /// The largest payload accepted, in bytes; one more is refused with
+    /// [`PayloadTooLarge`](crate::ErrorKind::PayloadTooLarge) before anything is sent.
+    pub max_payload: usize,
+    /// The most jobs one claim returns (SQS: 10); the worker asks for no more.
+    pub max_claim: usize,
+    /// A batch enqueue stores all of its jobs or none.
+    pub atomic_batch: bool,
+    /// [`Claim::release`] gives the attempt back (a queue that counts receives cannot).
+    pub release_refunds: bool,
+    /// A claim that lapses before its handler started gives the attempt back when the job returns
+    /// (see [`JobRecord::stranded`](crate::JobRecord::stranded)); otherwise a crash charges every
+    /// job its worker had claimed.
+    pub crash_refunds: bool,
+    /// [`Claim::claim`] takes only the kinds asked for. Otherwise the worker hands back, by
+    /// [`Claim::defer`], the jobs of kinds it has no handler for.
+    pub claim_by_kind: bool,
+    /// The shortest lease the backend honours (SQS: 1 s).
+    pub min_lease: Duration,
+    /// Deliveries are pushed to the application (QStash) rather than claimed.
+    pub push_delivery: bool,
+}
+
+impl Default for Capabilities {
+    /// What the in-memory backend can do: everything, at 256 KiB.
+    fn default() -> Self {
+        Self {
+            dedupe: Dedupe::Kept,
+            max_payload: 256 * 1024,
+            max_claim: usize::MAX,
+            atomic_batch: true,
+            release_refunds: true,
+            crash_refunds: true,
+            claim_by_kind: true,
+            min_lease: Duration::from_millis(1),
+            push_delivery: false,
+        }
+    }
+}
+
+/// Declares what a backend can do.
+pub trait Backend: Send + Sync {
+    /// The backend's capabilities; the same answer every time.
+    fn capabilities(&self) -> Capabilities;
+}
 
 /// What [`Enqueue::enqueue`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,13 +109,20 @@ pub enum Enqueued {
         /// one the dropped job was minted with. `None` where the backend cannot tell.
         provider_key: Option<ProviderKey>,
     },
+    /// The key's job ran out of attempts (or failed for good) and its failure record is kept,
+    /// open or discarded: nothing was enqueued and nothing will run. Replay the record to run it
+    /// again; once the record is purged, the key is free and an enqueue creates a new job.
+    Failed {
+        /// The failed job.
+        id: JobId,
+    },
 }
 
 impl Enqueued {
     /// The job's id, new or existing.
     pub fn id(&self) -> &JobId {
         match self {
-            Self::Created(id) | Self::Duplicate { id, .. } => id,
+            Self::Created(id) | Self::Duplicate { id, .. } | Self::Failed { id } => id,
         }
     }
 
@@ -55,7 +133,7 @@ impl Enqueued {
 }
 
 /// Adds jobs.
-pub trait Enqueue: Send + Sync {
+pub trait Enqueue: Backend {
     /// Adds one job. Errors: [`KeyConflict`](crate::ErrorKind::KeyConflict) for the same key
     /// with a different payload (where the backend can see it at enqueue),
     /// [`PayloadTooLarge`](crate::ErrorKind::PayloadTooLarge) before anything is sent.
@@ -95,31 +173,92 @@ pub struct Claimed {
     pub job: JobRecord,
     /// Its lease.
     pub lease: Lease,
+    /// The ledger state of the job's key, where the queue is the ledger of its own jobs
+    /// (Postgres: the job row is its key's entry, and the claim took the key). `None`: ask the
+    /// [`Ledger`].
+    pub begun: Option<Begin>,
+}
+
+/// Which job kinds a claim takes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Kinds {
+    /// Any kind (tools and tests).
+    #[default]
+    Any,
+    /// Only these (a worker's handlers).
+    Only(Vec<String>),
+}
+
+impl Kinds {
+    /// Whether a job of `kind` is wanted.
+    pub fn wants(&self, kind: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Only(kinds) => kinds.iter().any(|k| k == kind),
+        }
+    }
 }
 
 /// Takes jobs under a lease and settles them.
-pub trait Claim: Send + Sync {
-    /// Takes up to `max` ready jobs for `lease`, counting an attempt on each. Waits up to `wait`
-    /// for work when there is none, then returns an empty list.
-    fn claim(&self, max: usize, lease: Duration, wait: Duration) -> impl Future<Output = Result<Vec<Claimed>>> + Send;
+pub trait Claim: Backend {
+    /// Takes up to `max` ready jobs of `kinds` for `lease`, counting an attempt on each. Waits up
+    /// to `wait` for work when there is none, then returns an empty list. A backend without
+    /// [`Capabilities::claim_by_kind`] may return jobs of any kind.
+    fn claim(
+        &self,
+        kinds: &Kinds,
+        max: usize,
+        lease: Duration,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Vec<Claimed>>> + Send;
 
-    /// The job is done; it will not run again.
-    fn complete(&self, lease: &Lease) -> impl Future<Output = Result<()>> + Send;
+    /// The job is done; it will not run again. `result` is the effect's result, stored where the
+    /// queue is its own jobs' ledger ([`Claimed::begun`]); others ignore it.
+    fn complete(&self, lease: &Lease, result: Option<&Value>) -> impl Future<Output = Result<()>> + Send;
 
     /// The attempt failed; make the job ready again after `delay`, keeping `error`.
     fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> impl Future<Output = Result<()>> + Send;
 
-    /// Extends the lease to `lease` from now (a heartbeat for long handlers).
-    fn extend(&self, lease: &Lease, by: Duration) -> impl Future<Output = Result<()>> + Send;
+    /// Puts the job back for `delay` without it counting as an attempt: another attempt holds its
+    /// key, the worker has no handler for its kind, or the effect ledger is unreachable. Nothing
+    /// is written to its error history, and no number of deferrals leads to a failure record.
+    fn defer(&self, lease: &Lease, delay: Duration) -> impl Future<Output = Result<()>> + Send;
 
     /// Gives back, ready at once, a job whose handler never started (claimed ahead, then shutdown
-    /// or a long wait in the buffer). Where the backend can, the claim's attempt is undone; a
-    /// queue that counts receives itself (SQS, Azure) keeps it.
+    /// or a long wait in the buffer). The attempt is given back where
+    /// [`Capabilities::release_refunds`] says so.
     fn release(&self, lease: &Lease) -> impl Future<Output = Result<()>> + Send;
 
     /// Ends the job as a failure record with the full payload, `error` as the last error and
-    /// the attempts used. Returns the record, which has not been alerted on yet.
-    fn dead_letter(&self, job: &Claimed, error: &str) -> impl Future<Output = Result<FailureRecord>> + Send;
+    /// the attempts used. Returns the record, or `None` where the service writes it later and
+    /// assigns its id then (QStash); either way the worker's alert pass finds it.
+    fn dead_letter(&self, job: &Claimed, error: &str) -> impl Future<Output = Result<Option<FailureRecord>>> + Send;
+
+    /// Lease renewal, where the backend has it (see [`Renew`]). Without it, jobs are claimed on
+    /// the worker's full lease and a handler that outlives it is cancelled before its key's hold
+    /// lapses.
+    fn renewal(&self) -> Option<&impl Renew> {
+        None::<&NoRenewal>
+    }
+}
+
+/// Extends leases: the heartbeat of long handlers, and the move of a started job from its
+/// claim lease to the full lease.
+pub trait Renew: Send + Sync {
+    /// Extends the lease to `by` from now. Returns the lease to present from now on: the same
+    /// one, or a new token where the backend changes it on every update (Azure's pop receipt).
+    /// A renewal also marks the job started (see [`Capabilities::crash_refunds`]).
+    fn renew(&self, lease: &Lease, by: Duration) -> impl Future<Output = Result<Lease>> + Send;
+}
+
+/// The [`Renew`] of a backend that has none; it cannot be made.
+#[derive(Debug)]
+pub enum NoRenewal {}
+
+impl Renew for NoRenewal {
+    async fn renew(&self, _lease: &Lease, _by: Duration) -> Result<Lease> {
+        match *self {}
+    }
 }
 
 /// A backend's id for a failure record.
@@ -386,6 +525,12 @@ pub struct Hold {
     pub key: IdempotencyKey,
     /// This attempt's token; a hold taken over by a later attempt no longer matches.
     pub token: String,
+    /// The key's provider key: minted with the first job that began the key, and the same for
+    /// every later attempt and every later message of the key.
+    pub provider_key: ProviderKey,
+    /// Set where the hold is the job's own lease ([`Claimed::begun`]): the hold is kept by
+    /// renewing the lease, and ends when the job is settled.
+    pub lease: Option<Lease>,
 }
 
 /// What [`Ledger::begin`] found.
@@ -408,11 +553,13 @@ pub enum Begin {
 pub trait Ledger: Send + Sync {
     /// Starts an attempt at the effect of `key`, holding it for `hold`. The payload's
     /// [fingerprint](crate::payload_fingerprint) is stored with the key; a later begin with
-    /// another payload is a [`KeyConflict`](crate::ErrorKind::KeyConflict).
+    /// another payload is a [`KeyConflict`](crate::ErrorKind::KeyConflict). `provider_key` is
+    /// stored if the key is new; the hold carries the stored one.
     fn begin(
         &self,
         key: &IdempotencyKey,
         payload: &Value,
+        provider_key: ProviderKey,
         hold: Duration,
     ) -> impl Future<Output = Result<Begin>> + Send;
 
@@ -427,7 +574,7 @@ pub trait Ledger: Send + Sync {
 }
 
 debug_redacted!(Lease { show: [job_id], hide: [token] });
-debug_redacted!(Hold { show: [key], hide: [token] });
+debug_redacted!(Hold { show: [key, provider_key, lease], hide: [token] });
 debug_redacted!(FailureRecord {
     show: [
         id,

@@ -199,6 +199,11 @@ pub struct JobRecord {
     pub severity: Severity,
     /// When the job was first enqueued.
     pub enqueued_at: DateTime<Utc>,
+    /// How many of its claims lapsed before a handler started (a worker died with the job
+    /// claimed ahead); their attempts were given back. Where this is above 0 the worker marks the
+    /// job started, by renewing its lease, before the handler runs, so that a job that kills its
+    /// worker at once is charged for it.
+    pub stranded: u32,
     /// Set by a backend that could not read the job it received (an SQS body that is not an
     /// [envelope](crate::Envelope)): why, naming no value of it. The worker records such a job
     /// as a decode failure at once, and never hands it to a handler; `kind` and `payload` are
@@ -337,6 +342,6 @@ mod tests {
 
 debug_redacted!(NewJob { show: [kind, key, provider_key, cap, severity], hide: [payload] });
 debug_redacted!(JobRecord {
-    show: [id, kind, key, provider_key, attempt, cap, severity, enqueued_at, undecodable],
+    show: [id, kind, key, provider_key, attempt, cap, severity, enqueued_at, stranded, undecodable],
     hide: [payload],
 });

@@ -3,7 +3,8 @@
 //!
 //! - [`IdempotencyKey`]: one stable ID per intended effect, from business facts.
 //! - [`Job`]: a typed job declares its kind, its key, its cap and severity.
-//! - [`Enqueue`], [`Claim`], [`DeadLetter`], [`Replay`], [`Ledger`]: what a backend implements.
+//! - [`Backend`], [`Enqueue`], [`Claim`], [`Renew`], [`DeadLetter`], [`Replay`], [`Ledger`]: what a
+//!   backend implements (contract v2; see `docs/ARCHITECTURE.md`).
 //! - [`Worker`]: claim → decode → ledger check → handler → complete, retry or failure record.
 //! - [`MemoryBackend`]: every contract in memory, the reference and the embedded default.
 
@@ -25,8 +26,9 @@ pub mod worker;
 pub use alert::WebhookAlerts;
 pub use alert::{Alert, AlertSink, TracingAlerts};
 pub use backend::{
-    AttemptError, Begin, Claim, Claimed, Counts, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId, FailureQuery,
-    FailureRecord, Hold, Lease, Ledger, QueueStats, QueueStatsExt, RecordState, Replay, ReplayExt, ReplayOutcome,
+    AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Counts, DeadLetter, Dedupe, Enqueue, EnqueueExt,
+    Enqueued, FailureId, FailureQuery, FailureRecord, Hold, Kinds, Lease, Ledger, NoRenewal, QueueStats, QueueStatsExt,
+    RecordState, Renew, Replay, ReplayExt, ReplayOutcome,
 };
 pub use envelope::Envelope;
 pub use error::{Error, ErrorKind, Result, Retry};

@@ -14,12 +14,12 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::backend::{
-    AttemptError, Begin, Claim, Claimed, Counts, DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery, FailureRecord,
-    Hold, Lease, Ledger, QueueStats, RecordState, Replay, ReplayOutcome,
+    AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Counts, DeadLetter, Enqueue, Enqueued, FailureId,
+    FailureQuery, FailureRecord, Hold, Kinds, Lease, Ledger, QueueStats, RecordState, Renew, Replay, ReplayOutcome,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{JobId, JobRecord, NewJob};
-use crate::key::IdempotencyKey;
+use crate::key::{IdempotencyKey, ProviderKey};
 
 /// A queue, dead-letter store and effect ledger in memory. Clones share the same state.
 #[derive(Debug, Clone)]
@@ -45,6 +45,10 @@ struct StoredJob {
     fingerprint: String,
     enqueued_at: chrono::DateTime<Utc>,
     attempts: u32,
+    /// Whether the current claim's handler started (its lease was renewed).
+    started: bool,
+    /// Claims that lapsed before their handler started.
+    stranded: u32,
     status: Status,
     errors: Vec<AttemptError>,
 }
@@ -60,6 +64,7 @@ enum Status {
 #[derive(Debug)]
 struct LedgerEntry {
     fingerprint: String,
+    provider_key: ProviderKey,
     state: Effect,
 }
 
@@ -99,6 +104,16 @@ impl MemoryBackend {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Whether `text` appears anywhere the backend keeps data: jobs' payloads, failure records,
+    /// effect results. For tests that check a purge forgets what it should.
+    pub fn holds_text(&self, text: &str) -> bool {
+        let state = self.lock();
+        let json = |v: &Value| v.to_string().contains(text);
+        state.jobs.values().any(|j| json(&j.job.payload) || j.errors.iter().any(|e| e.error.contains(text)))
+            || state.records.values().any(|r| json(&r.payload) || r.last_error.contains(text))
+            || state.ledger.values().any(|e| matches!(&e.state, Effect::Done(v) if json(v)))
+    }
+
     /// The stored job behind a lease, if the lease is still its current one.
     fn fenced<'s>(state: &'s mut State, lease: &Lease) -> Result<&'s mut StoredJob> {
         let id = parse_id(&lease.job_id.0)?;
@@ -122,29 +137,45 @@ impl State {
     fn enqueue(&mut self, job: NewJob) -> Result<Enqueued> {
         let fingerprint = job.fingerprint();
         if let Some(&id) = self.by_key.get(&job.key) {
-            if self.jobs[&id].fingerprint != fingerprint {
+            let existing = &self.jobs[&id];
+            if existing.fingerprint != fingerprint {
                 return Err(Error::new(
                     ErrorKind::KeyConflict,
                     format!("key {} already belongs to job {id} with a different payload", job.key),
                 ));
             }
-            let provider_key = Some(self.jobs[&id].job.provider_key);
+            if existing.status == Status::Failed {
+                return Ok(Enqueued::Failed { id: JobId(id.to_string()) });
+            }
+            let provider_key = Some(existing.job.provider_key);
             return Ok(Enqueued::Duplicate { id: JobId(id.to_string()), provider_key });
         }
         self.next_id += 1;
         let id = self.next_id;
         self.by_key.insert(job.key.clone(), id);
         let status = Status::Queued { ready_at: Instant::now() };
-        let stored = StoredJob { job, fingerprint, enqueued_at: Utc::now(), attempts: 0, status, errors: vec![] };
+        let stored = StoredJob {
+            job,
+            fingerprint,
+            enqueued_at: Utc::now(),
+            attempts: 0,
+            started: false,
+            stranded: 0,
+            status,
+            errors: vec![],
+        };
         self.jobs.insert(id, stored);
         Ok(Enqueued::Created(JobId(id.to_string())))
     }
 
     /// Claims ready jobs, or says when the next one becomes ready.
-    fn claim(&mut self, max: usize, lease: Duration, now: Instant) -> (Vec<Claimed>, Option<Instant>) {
+    fn claim(&mut self, kinds: &Kinds, max: usize, lease: Duration, now: Instant) -> (Vec<Claimed>, Option<Instant>) {
         let mut claimed = Vec::new();
         let mut next_ready: Option<Instant> = None;
         for (id, stored) in self.jobs.iter_mut() {
+            if !kinds.wants(&stored.job.kind) {
+                continue;
+            }
             let ready_at = match &stored.status {
                 Status::Queued { ready_at } => *ready_at,
                 // An expired lease makes the job claimable again: the lazy form of a sweep.
@@ -158,7 +189,14 @@ impl State {
             if claimed.len() == max {
                 break;
             }
+            if matches!(stored.status, Status::Running { .. }) && !stored.started {
+                // The lapsed claim never started its handler: its worker died with the job
+                // claimed ahead. It costs the job nothing.
+                stored.attempts -= 1;
+                stored.stranded += 1;
+            }
             stored.attempts += 1;
+            stored.started = false;
             let token = token();
             stored.status = Status::Running { token: token.clone(), expires: now + lease };
             let job = &stored.job;
@@ -173,12 +211,20 @@ impl State {
                     cap: job.cap,
                     severity: job.severity,
                     enqueued_at: stored.enqueued_at,
+                    stranded: stored.stranded,
                     undecodable: None,
                 },
                 lease: Lease { job_id: JobId(id.to_string()), token },
+                begun: None,
             });
         }
         (claimed, next_ready)
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { max_payload: self.max_payload, ..Capabilities::default() }
     }
 }
 
@@ -217,12 +263,12 @@ impl Enqueue for MemoryBackend {
 }
 
 impl Claim for MemoryBackend {
-    async fn claim(&self, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+    async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
         let deadline = Instant::now() + wait;
         loop {
             // Register for wake-ups before looking, so an enqueue in between is not missed.
             let notified = self.work.notified();
-            let (claimed, next_ready) = self.lock().claim(max, lease, Instant::now());
+            let (claimed, next_ready) = self.lock().claim(kinds, max, lease, Instant::now());
             let now = Instant::now();
             if !claimed.is_empty() || now >= deadline {
                 return Ok(claimed);
@@ -235,7 +281,7 @@ impl Claim for MemoryBackend {
         }
     }
 
-    async fn complete(&self, lease: &Lease) -> Result<()> {
+    async fn complete(&self, lease: &Lease, _result: Option<&Value>) -> Result<()> {
         Self::fenced(&mut self.lock(), lease)?.status = Status::Done;
         Ok(())
     }
@@ -250,25 +296,15 @@ impl Claim for MemoryBackend {
         Ok(())
     }
 
-    async fn extend(&self, lease: &Lease, by: Duration) -> Result<()> {
-        let mut state = self.lock();
-        if let Status::Running { expires, .. } = &mut Self::fenced(&mut state, lease)?.status {
-            *expires = Instant::now() + by;
-        }
-        Ok(())
+    async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        self.give_back(lease, delay)
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let mut state = self.lock();
-        let job = Self::fenced(&mut state, lease)?;
-        job.attempts -= 1; // the handler never started
-        job.status = Status::Queued { ready_at: Instant::now() };
-        drop(state);
-        self.work.notify_waiters();
-        Ok(())
+        self.give_back(lease, Duration::ZERO)
     }
 
-    async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<FailureRecord> {
+    async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<Option<FailureRecord>> {
         let mut state = self.lock();
         let job = Self::fenced(&mut state, &claimed.lease)?;
         let now = Utc::now();
@@ -295,7 +331,36 @@ impl Claim for MemoryBackend {
         };
         let n = state.next_record;
         state.records.insert(n, record.clone());
-        Ok(record)
+        Ok(Some(record))
+    }
+
+    fn renewal(&self) -> Option<&impl Renew> {
+        Some(self)
+    }
+}
+
+impl MemoryBackend {
+    /// Queued again after `delay`, the attempt given back: its handler never ran.
+    fn give_back(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        let mut state = self.lock();
+        let job = Self::fenced(&mut state, lease)?;
+        job.attempts -= 1;
+        job.status = Status::Queued { ready_at: Instant::now() + delay };
+        drop(state);
+        self.work.notify_waiters();
+        Ok(())
+    }
+}
+
+impl Renew for MemoryBackend {
+    async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
+        let mut state = self.lock();
+        let job = Self::fenced(&mut state, lease)?;
+        job.started = true;
+        if let Status::Running { expires, .. } = &mut job.status {
+            *expires = Instant::now() + by;
+        }
+        Ok(lease.clone())
     }
 }
 
@@ -337,9 +402,20 @@ impl DeadLetter for MemoryBackend {
     async fn purge(&self, age: Duration) -> Result<u64> {
         let horizon = Utc::now() - age;
         let mut state = self.lock();
-        let before = state.records.len();
-        state.records.retain(|_, r| r.last_failed_at >= horizon);
-        Ok((before - state.records.len()) as u64)
+        let purged: Vec<FailureRecord> = {
+            let old: Vec<u64> =
+                state.records.iter().filter(|(_, r)| r.last_failed_at < horizon).map(|(n, _)| *n).collect();
+            old.iter().filter_map(|n| state.records.remove(n)).collect()
+        };
+        // A failed job goes with its records, payload and key: the key is free again.
+        for record in &purged {
+            let Ok(id) = parse_id(&record.job_id.0) else { continue };
+            if state.jobs.get(&id).is_some_and(|j| j.status == Status::Failed) {
+                let job = state.jobs.remove(&id).expect("looked up above");
+                state.by_key.remove(&job.job.key);
+            }
+        }
+        Ok(purged.len() as u64)
     }
 }
 
@@ -383,15 +459,22 @@ impl QueueStats for MemoryBackend {
 }
 
 impl Ledger for MemoryBackend {
-    async fn begin(&self, key: &IdempotencyKey, payload: &Value, hold: Duration) -> Result<Begin> {
+    async fn begin(
+        &self,
+        key: &IdempotencyKey,
+        payload: &Value,
+        provider_key: ProviderKey,
+        hold: Duration,
+    ) -> Result<Begin> {
         let fingerprint = &crate::job::payload_fingerprint(payload);
         let now = Instant::now();
         let mut state = self.lock();
         let Some(entry) = state.ledger.get_mut(key) else {
             let token = token();
-            let state_ = Effect::Pending { token: token.clone(), until: now + hold };
-            state.ledger.insert(key.clone(), LedgerEntry { fingerprint: fingerprint.to_owned(), state: state_ });
-            return Ok(Begin::Fresh(Hold { key: key.clone(), token }));
+            let pending = Effect::Pending { token: token.clone(), until: now + hold };
+            let entry = LedgerEntry { fingerprint: fingerprint.to_owned(), provider_key, state: pending };
+            state.ledger.insert(key.clone(), entry);
+            return Ok(Begin::Fresh(Hold { key: key.clone(), token, provider_key, lease: None }));
         };
         if entry.fingerprint != *fingerprint {
             return Err(Error::new(ErrorKind::KeyConflict, format!("key {key} was used with a different payload")));
@@ -402,7 +485,8 @@ impl Ledger for MemoryBackend {
             Effect::Pending { token: held, until } => {
                 *held = token();
                 *until = now + hold;
-                Ok(Begin::Resumed(Hold { key: key.clone(), token: held.clone() }))
+                let hold = Hold { key: key.clone(), token: held.clone(), provider_key: entry.provider_key, lease: None };
+                Ok(Begin::Resumed(hold))
             }
         }
     }
@@ -465,26 +549,26 @@ mod tests {
         let mut changed = job(1);
         changed.payload = json!({"n": 2});
         assert_eq!(b.enqueue(changed).await.unwrap_err().kind(), ErrorKind::KeyConflict);
-        assert_eq!(b.claim(10, LEASE, Duration::ZERO).await.unwrap().len(), 1);
+        assert_eq!(b.claim(&Kinds::Any, 10, LEASE, Duration::ZERO).await.unwrap().len(), 1);
     }
 
     #[tokio::test]
     async fn an_expired_lease_is_fenced_after_a_new_claim() {
         let b = MemoryBackend::new();
         b.enqueue(job(1)).await.unwrap();
-        let stale = b.claim(1, LEASE, Duration::ZERO).await.unwrap().remove(0);
-        assert!(b.claim(1, LEASE, Duration::ZERO).await.unwrap().is_empty(), "held while the lease runs");
-        let fresh = b.claim(1, LEASE, LEASE * 4).await.unwrap().remove(0);
+        let stale = b.claim(&Kinds::Any, 1, LEASE, Duration::ZERO).await.unwrap().remove(0);
+        assert!(b.claim(&Kinds::Any, 1, LEASE, Duration::ZERO).await.unwrap().is_empty(), "held while the lease runs");
+        let fresh = b.claim(&Kinds::Any, 1, LEASE, LEASE * 4).await.unwrap().remove(0);
         assert_eq!(fresh.job.attempt, 2, "attempts are counted at claim");
         for err in [
-            b.complete(&stale.lease).await.unwrap_err(),
+            b.complete(&stale.lease, None).await.unwrap_err(),
             b.retry(&stale.lease, Duration::ZERO, "x").await.unwrap_err(),
-            b.extend(&stale.lease, LEASE).await.unwrap_err(),
+            b.renew(&stale.lease, LEASE).await.unwrap_err(),
             b.dead_letter(&stale, "x").await.unwrap_err(),
         ] {
             assert_eq!(err.kind(), ErrorKind::LeaseLost);
         }
-        b.complete(&fresh.lease).await.unwrap();
+        b.complete(&fresh.lease, None).await.unwrap();
         assert_eq!(b.count_open().await.unwrap(), 0);
     }
 
@@ -493,7 +577,7 @@ mod tests {
         let b = MemoryBackend::new();
         let waiter = tokio::spawn({
             let b = b.clone();
-            async move { b.claim(1, LEASE, Duration::from_secs(5)).await }
+            async move { b.claim(&Kinds::Any, 1, LEASE, Duration::from_secs(5)).await }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         let started = Instant::now();
@@ -507,14 +591,15 @@ mod tests {
         let b = MemoryBackend::new();
         let key = job(1).key;
         let (f, other) = (json!({"n": 1}), json!({"n": 2}));
-        let Begin::Fresh(hold) = b.begin(&key, &f, LEASE).await.unwrap() else { panic!("first is fresh") };
-        assert!(matches!(b.begin(&key, &f, LEASE).await.unwrap(), Begin::Busy(_)));
-        assert_eq!(b.begin(&key, &other, LEASE).await.unwrap_err().kind(), ErrorKind::KeyConflict);
+        let pk = ProviderKey::mint();
+        let Begin::Fresh(hold) = b.begin(&key, &f, pk, LEASE).await.unwrap() else { panic!("first is fresh") };
+        assert!(matches!(b.begin(&key, &f, pk, LEASE).await.unwrap(), Begin::Busy(_)));
+        assert_eq!(b.begin(&key, &other, pk, LEASE).await.unwrap_err().kind(), ErrorKind::KeyConflict);
         b.release_hold(&hold).await.unwrap();
-        let Begin::Resumed(again) = b.begin(&key, &f, LEASE).await.unwrap() else { panic!("released is resumed") };
+        let Begin::Resumed(again) = b.begin(&key, &f, pk, LEASE).await.unwrap() else { panic!("released is resumed") };
         assert_eq!(b.extend_hold(&hold, LEASE).await.unwrap_err().kind(), ErrorKind::LeaseLost);
         b.finish(&again, &json!({"sent": true})).await.unwrap();
-        assert_eq!(b.begin(&key, &f, LEASE).await.unwrap(), Begin::Done(json!({"sent": true})));
+        assert_eq!(b.begin(&key, &f, pk, LEASE).await.unwrap(), Begin::Done(json!({"sent": true})));
     }
 
     #[tokio::test]
@@ -522,6 +607,6 @@ mod tests {
         let b = MemoryBackend::with_max_payload(4);
         let err = b.enqueue_batch(vec![job(1), job(2)]).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::PayloadTooLarge);
-        assert!(b.claim(10, LEASE, Duration::ZERO).await.unwrap().is_empty());
+        assert!(b.claim(&Kinds::Any, 10, LEASE, Duration::ZERO).await.unwrap().is_empty());
     }
 }

@@ -44,10 +44,12 @@ mod tests {
             cap: 5,
             severity: Severity::Error,
             enqueued_at: chrono::Utc::now(),
+            stranded: 0,
             undecodable: None,
         };
         let lease = Lease { job_id: job.id.clone(), token: CANARY.into() };
-        let hold = Hold { key: key.clone(), token: CANARY.into() };
+        let hold =
+            Hold { key: key.clone(), token: CANARY.into(), provider_key: new.provider_key, lease: Some(lease.clone()) };
         let record = FailureRecord {
             id: FailureId("1".into()),
             job_id: job.id.clone(),

@@ -1,0 +1,112 @@
+//! Alerts, at least once per record and sink, de-duplicated by record id.
+//!
+//! Sending an alert is an effect like any other, so it goes through the effect ledger under the
+//! key `redrive_alert:record=<id>:sink=<n>`: the first attempt holds the key, sends, and marks it
+//! done. A sink that fails is retried with backoff, then left to the sweep; a worker that dies
+//! between the record and its alert leaves the key free (or its hold lapses), and the next
+//! worker's sweep sends it. Two workers never both send one record's alert to one sink, and a
+//! worker that died mid-send is the only way a sink sees an alert twice.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, warn};
+
+use super::{Count, Shared};
+use crate::alert::{Alert, AlertSink};
+use crate::backend::{Begin, Claim, DeadLetter, FailureQuery, FailureRecord, Ledger};
+use crate::key::{IdempotencyKey, ProviderKey};
+use crate::policy::Backoff;
+
+/// The job kind of alert keys in the ledger.
+pub(super) const ALERT_KIND: &str = "redrive_alert";
+
+/// How long one delivery holds its key: longer than its retries take.
+const ALERT_HOLD: Duration = Duration::from_secs(60);
+
+/// Tries per delivery before it is left to the next sweep.
+const ALERT_TRIES: u32 = 4;
+
+/// The ledger key of one record's alert to sink number `sink`.
+pub(super) fn alert_key(record: &FailureRecord, sink: usize) -> Option<IdempotencyKey> {
+    IdempotencyKey::builder(ALERT_KIND).fact("record", &record.id.0).fact("sink", sink).build().ok()
+}
+
+impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
+    /// Alerts every sink about `record`, unless it has been (or is being) alerted already.
+    pub(super) async fn alert(&self, record: FailureRecord) {
+        let alert = Alert { record, raised_at: Utc::now() };
+        for (n, sink) in self.alerts.iter().enumerate() {
+            self.alert_sink(n, sink.as_ref(), &alert).await;
+        }
+    }
+
+    async fn alert_sink(&self, n: usize, sink: &dyn AlertSink, alert: &Alert) {
+        let record = &alert.record.id;
+        let Some(key) = alert_key(&alert.record, n) else {
+            return error!(%record, "cannot make the alert's ledger key; alert not sent");
+        };
+        let payload = json!({ "record": record, "sink": n });
+        let hold = match self.ledger.begin(&key, &payload, ProviderKey::mint(), ALERT_HOLD).await {
+            Ok(Begin::Fresh(hold) | Begin::Resumed(hold)) => hold,
+            Ok(Begin::Busy(_) | Begin::Done(_)) => return debug!(%record, "alert sent or being sent elsewhere"),
+            Err(e) => return warn!(%record, error = %e, "effect ledger unavailable; the sweep sends this alert later"),
+        };
+        let backoff = Backoff { base: Duration::from_millis(200), max: Duration::from_secs(5), ..Backoff::default() };
+        for attempt in 1..=ALERT_TRIES {
+            match sink.send(alert).await {
+                Ok(()) => {
+                    self.counters.add(Count::Alerted, 1);
+                    if let Err(e) = self.ledger.finish(&hold, &serde_json::Value::Null).await {
+                        // It was sent; a sweep may send it once more.
+                        warn!(%record, error = %e, "alert sent but not marked sent");
+                    }
+                    return;
+                }
+                Err(e) if attempt < ALERT_TRIES => {
+                    warn!(%record, error = %e, attempt, "alert not delivered; trying again");
+                    tokio::time::sleep(backoff.delay(attempt)).await;
+                }
+                Err(e) => error!(%record, error = %e, "alert not delivered; the next sweep tries again"),
+            }
+        }
+        if let Err(e) = self.ledger.release_hold(&hold).await {
+            debug!(error = %e, "could not release the alert's hold; it lapses on its own");
+        }
+    }
+
+    /// Alerts every open record not alerted yet.
+    async fn sweep_once(&self) {
+        let mut query = FailureQuery::open();
+        loop {
+            let page = match self.queue.list(&query).await {
+                Ok(page) => page,
+                Err(e) => return warn!(error = %e, "alert sweep could not list failure records"),
+            };
+            let full = page.len() == query.page_size();
+            query.after = page.last().map(|r| r.id.clone());
+            for record in page {
+                self.alert(record).await;
+            }
+            if !full {
+                return;
+            }
+        }
+    }
+}
+
+/// Sweeps at start, then every `alert_sweep`, until the worker stops.
+pub(super) async fn sweep<Q: Claim + DeadLetter, L: Ledger>(shared: std::sync::Arc<Shared<Q, L>>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = shared.sweep_once() => {}
+            () = stop.cancelled() => return,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(shared.config.alert_sweep) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}

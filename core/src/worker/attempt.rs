@@ -1,0 +1,406 @@
+//! One attempt at one job: the key's hold, the handler, and the settlement.
+//!
+//! The hold is one mechanism on every backend: an attempt whose handler runs holds its key, and
+//! keeps holding it by renewing it (the ledger hold, or the lease where the hold is the lease)
+//! whatever the heartbeat setting. If a renewal cannot get through before the hold would lapse,
+//! the handler is cancelled first: two attempts of one key never run at once.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::{Count, HandlerResult, Shared, panicked};
+use crate::alert::BoxFuture;
+use crate::backend::{Begin, Claim, Claimed, DeadLetter, Hold, Lease, Ledger, Renew};
+use crate::error::{ErrorKind, Result};
+use crate::job::{JobContext, JobError};
+use crate::policy::{Decision, Outcome};
+
+/// A claimed job as its attempt goes: its lease as last renewed, and until when its key is held.
+struct Attempt<'a> {
+    claimed: &'a Claimed,
+    lease: Mutex<Lease>,
+    held_until: Mutex<Instant>,
+}
+
+impl Attempt<'_> {
+    fn lease(&self) -> Lease {
+        self.lease.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn renewed(&self, lease: Lease) {
+        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
+    }
+
+    fn held_until(&self) -> Instant {
+        *self.held_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn hold_until(&self, until: Instant) {
+        *self.held_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+    }
+
+    /// The claim with its current lease, for the calls that take the whole job.
+    fn claimed(&self) -> Claimed {
+        Claimed { lease: self.lease(), ..self.claimed.clone() }
+    }
+}
+
+/// How a handler's run ended.
+enum Ran {
+    Finished(HandlerResult),
+    /// Shutdown's grace ran out.
+    Abandoned,
+    /// The key's hold could not be renewed; the handler was cancelled before it lapsed.
+    HoldLapsing,
+}
+
+impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
+    pub(super) async fn process(
+        &self,
+        claimed: Claimed,
+        claimed_at: Instant,
+        slot: OwnedSemaphorePermit,
+        abandon: CancellationToken,
+    ) {
+        let job = &claimed.job;
+        if let Some(why) = &job.undecodable {
+            // The backend could not read it: its kind and payload are stand-ins, so no handler
+            // may see it, whatever kind it claims. Reading it again cannot succeed: no retries.
+            return self.dead_letter(&claimed, why).await;
+        }
+        let Some(handler) = self.handlers.get(&job.kind) else {
+            // A backend that cannot claim by kind gave us another worker's job (a rolling deploy,
+            // workers that each run some kinds): hand it back, at no cost to the job.
+            info!("no handler for this kind here; handed back for a worker that has one");
+            self.counters.add(Count::Deferred, 1);
+            return self.settle(self.queue.defer(&claimed.lease, self.config.poll).await);
+        };
+        let begin = match &claimed.begun {
+            Some(begun) => Ok(begun.clone()),
+            None => self.ledger.begin(&job.key, &job.payload, job.provider_key, self.config.lease).await,
+        };
+        let (hold, earlier_attempt_pending) = match begin {
+            Ok(Begin::Fresh(hold)) => (hold, false),
+            Ok(Begin::Resumed(hold)) => (hold, true),
+            Ok(Begin::Done(_)) => {
+                info!("skipped: the effect of this key is already done");
+                self.counters.add(Count::Skipped, 1);
+                return self.settle(self.queue.complete(&claimed.lease, None).await);
+            }
+            Ok(Begin::Busy(held_for)) => {
+                // Not a failure, and never a dead letter: another attempt is doing the work. Look
+                // again when its hold ends, not sooner: nothing waits on this copy but its own
+                // acknowledgement. A holder that dies lets the hold lapse, and then this copy runs.
+                // At most a third of the lease: a hold far longer than the worker's own (taken by
+                // a direct `Ledger::begin`) and released early is not waited out whole.
+                let delay = held_for.min(self.config.lease / 3) + Duration::from_millis(10);
+                info!(retry_in_ms = delay.as_millis() as u64, "deferred: another attempt holds this key");
+                self.counters.add(Count::Deferred, 1);
+                return self.settle(self.queue.defer(&claimed.lease, delay).await);
+            }
+            Err(e) if e.kind() == ErrorKind::KeyConflict => {
+                return self.dead_letter(&claimed, &format!("key reused with a different payload: {e}")).await;
+            }
+            Err(e) => {
+                // The ledger, not the job, is at fault: put the job back at no cost and pause.
+                let delay = self.infra.failed(self.config.lease);
+                warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "effect ledger unavailable; deferred");
+                self.counters.add(Count::Deferred, 1);
+                return self.settle(self.queue.defer(&claimed.lease, delay).await);
+            }
+        };
+        self.infra.ok();
+        let held_from = if hold.lease.is_some() { claimed_at } else { Instant::now() };
+        let held_for = if hold.lease.is_some() { self.claim_lease } else { self.config.lease };
+        let attempt = Attempt {
+            claimed: &claimed,
+            lease: Mutex::new(claimed.lease.clone()),
+            held_until: Mutex::new(held_from + held_for),
+        };
+        if job.attempt > job.cap {
+            // A worker died holding the lease on the last attempt: no attempt is left.
+            self.release_hold(&hold).await;
+            let error = format!(
+                "attempt {} is past the cap of {}: the last attempt's worker lost its lease",
+                job.attempt, job.cap
+            );
+            return self.dead_letter(&claimed, &error).await;
+        }
+        if job.stranded > 0 {
+            // Claims of this job lapsed unstarted before, and were not charged: mark this one
+            // started before the handler runs, so that a job that kills its worker at once is.
+            self.mark_started(&attempt, &hold).await;
+        }
+        let ctx = JobContext {
+            job_id: job.id.clone(),
+            kind: job.kind.clone(),
+            attempt: job.attempt,
+            cap: job.cap,
+            key: job.key.clone(),
+            provider_key: hold.provider_key,
+            earlier_attempt_pending,
+        };
+        let run = match handler.prepare(&job.payload, ctx) {
+            Ok(run) => run,
+            Err(e) => {
+                self.release_hold(&hold).await;
+                // Decoding again cannot succeed: no retries.
+                return self.dead_letter(&attempt.claimed(), &format!("payload does not decode: {e}")).await;
+            }
+        };
+        let started = Instant::now();
+        let ran = self.run_holding(&attempt, &hold, run, &abandon).await;
+        self.pace.record(started.elapsed());
+        drop(slot); // the handler is done: the next one may start while this one settles
+        self.taken.notify_waiters(); // an idle handler is room for a claim
+        let result = match ran {
+            Ran::Finished(result) => result,
+            Ran::Abandoned => {
+                self.release_hold(&hold).await;
+                info!("interrupted by shutdown; released for another worker");
+                self.counters.add(Count::Released, 1);
+                // The handler started, so the attempt counts, like any failed one.
+                let lease = attempt.lease();
+                return self.settle(self.queue.retry(&lease, Duration::ZERO, "interrupted by shutdown").await);
+            }
+            Ran::HoldLapsing => {
+                warn!("the key's hold could not be renewed: the handler was cancelled before it lapsed");
+                self.counters.add(Count::Cancelled, 1);
+                Err(JobError::retry("cancelled: the key's hold could not be renewed before it lapsed"))
+            }
+        };
+        let settle = async {
+            let outcome = match result {
+                Ok(value) if hold.lease.is_some() => {
+                    // The hold is the job's lease: done with its result in one fenced write.
+                    debug!("done");
+                    self.counters.add(Count::Succeeded, 1);
+                    return self.settle(self.queue.complete(&attempt.lease(), Some(&value)).await);
+                }
+                Ok(value) => {
+                    if let Err(e) = self.ledger.finish(&hold, &value).await {
+                        // The effect happened; a next delivery would see the key pending and resume.
+                        error!(error = %e, "could not mark the effect done in the ledger");
+                    }
+                    Outcome::Done(value)
+                }
+                Err(err) => {
+                    self.release_hold(&hold).await;
+                    match err.retry_delay() {
+                        Some(after) => Outcome::Retry { after, error: err.message().to_owned() },
+                        None => Outcome::Fail { error: err.message().to_owned() },
+                    }
+                }
+            };
+            self.decide(&attempt, outcome).await;
+        };
+        tokio::select! {
+            () = settle => {}
+            () = self.keep_lease_while_settling(&attempt) => unreachable!("it never returns"),
+        }
+    }
+
+    async fn release_hold(&self, hold: &Hold) {
+        // A hold that is the job's lease ends when the job is settled.
+        if hold.lease.is_none()
+            && let Err(e) = self.ledger.release_hold(hold).await
+        {
+            debug!(error = %e, "could not release the key's hold; it lapses on its own");
+        }
+    }
+
+    /// Moves the job to its full lease before the handler runs, which marks it started.
+    async fn mark_started(&self, attempt: &Attempt<'_>, hold: &Hold) {
+        let Some(renewal) = self.queue.renewal() else { return };
+        let asked = Instant::now();
+        match renewal.renew(&attempt.lease(), self.config.lease).await {
+            Ok(lease) => {
+                attempt.renewed(lease);
+                if hold.lease.is_some() {
+                    attempt.hold_until(asked + self.config.lease);
+                }
+            }
+            Err(e) => warn!(error = %e, "could not mark the job started"),
+        }
+    }
+
+    /// Beside a settlement that takes long (a database stall), keeps the job's lease alive: a
+    /// quick handler's job is still on its short claim lease, and must not be taken again while
+    /// its result is being written. A settlement done within a third of the claim lease (almost
+    /// all of them) costs a timer and nothing more.
+    async fn keep_lease_while_settling(&self, attempt: &Attempt<'_>) {
+        let every = (self.claim_lease / 3).max(Duration::from_millis(10));
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(renewal) = self.queue.renewal() else { continue };
+            match renewal.renew(&attempt.lease(), self.config.lease).await {
+                Ok(lease) => attempt.renewed(lease),
+                Err(e) => debug!(error = %e, "could not extend the lease of a job being settled"),
+            }
+        }
+    }
+
+    /// Runs the handler while keeping its key held.
+    async fn run_holding(
+        &self,
+        attempt: &Attempt<'_>,
+        hold: &Hold,
+        run: BoxFuture<'static, HandlerResult>,
+        abandon: &CancellationToken,
+    ) -> Ran {
+        let mut run = AssertUnwindSafe(run).catch_unwind();
+        let finished = |result: std::thread::Result<HandlerResult>| result.unwrap_or_else(|p| Err(panicked(p)));
+        // A handler that is done at its first poll needs no timer. (That poll has a no-op waker;
+        // a pending handler is polled again at once below, with the real one.)
+        if let Some(result) = (&mut run).now_or_never() {
+            return Ran::Finished(finished(result));
+        }
+        tokio::select! {
+            result = &mut run => Ran::Finished(finished(result)),
+            () = self.keep_alive(attempt, hold) => Ran::HoldLapsing,
+            () = abandon.cancelled() => Ran::Abandoned,
+        }
+    }
+
+    /// For as long as a handler runs (polled beside it, so it never holds the handler up): moves
+    /// its job from the claim lease to the full lease, then keeps the key's hold alive and, with
+    /// the heartbeat on, the lease. Returns only when the hold is about to lapse without a
+    /// renewal having got through (or was taken over): the handler must stop.
+    async fn keep_alive(&self, attempt: &Attempt<'_>, hold: &Hold) {
+        let config = &self.config;
+        let renewal = self.queue.renewal();
+        let hold_is_lease = hold.lease.is_some();
+        // Stop this long before the hold lapses: a cancelled handler needs a moment to stop.
+        let margin = (self.claim_lease / 4).min(Duration::from_secs(1));
+        let deadline = || attempt.held_until() - margin;
+        // Until it takes: once the claim lease lapses, another worker may start the job.
+        if let Some(renewal) = renewal.filter(|_| self.claim_lease < config.lease) {
+            loop {
+                let asked = Instant::now();
+                match tokio::time::timeout_at(deadline(), renewal.renew(&attempt.lease(), config.lease)).await {
+                    Ok(Ok(lease)) => {
+                        attempt.renewed(lease);
+                        if hold_is_lease {
+                            attempt.hold_until(asked + config.lease);
+                        }
+                        break;
+                    }
+                    Ok(Err(e)) if e.kind() == ErrorKind::LeaseLost => {
+                        warn!("the job's claim lease lapsed before its handler started; another worker may run it");
+                        if hold_is_lease {
+                            return;
+                        }
+                        break;
+                    }
+                    Ok(Err(e)) => {
+                        warn!(error = %e, "could not move the job to its full lease; trying again");
+                        tokio::time::sleep((self.claim_lease / 4).min(deadline().saturating_duration_since(Instant::now()))).await;
+                    }
+                    Err(_) if hold_is_lease => return,
+                    Err(_) => break,
+                }
+                if Instant::now() >= deadline() {
+                    if hold_is_lease {
+                        return;
+                    }
+                    break;
+                }
+            }
+        }
+        // The hold is kept alive for as long as the handler runs, heartbeat or not: it says "an
+        // attempt is alive", so a redelivery meanwhile waits instead of repeating the effect.
+        // The lease is extended only with the heartbeat on.
+        let every = config.heartbeat.unwrap_or(config.lease / 3).max(Duration::from_millis(10));
+        let mut beat = Instant::now() + every;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(beat) => {}
+                () = tokio::time::sleep_until(deadline()) => return,
+            }
+            beat += every;
+            let asked = Instant::now();
+            let extended = async {
+                match renewal.filter(|_| hold_is_lease) {
+                    Some(renewal) => renewal.renew(&attempt.lease(), config.lease).await.map(|l| attempt.renewed(l)),
+                    None if hold_is_lease => Ok(()), // no renewal: the hold lasts its lease
+                    None => self.ledger.extend_hold(hold, config.lease).await,
+                }
+            };
+            match tokio::time::timeout_at(deadline(), extended).await {
+                Ok(Ok(())) if hold_is_lease && renewal.is_none() => {}
+                Ok(Ok(())) => attempt.hold_until(asked + config.lease),
+                Ok(Err(e)) if e.kind() == ErrorKind::LeaseLost => {
+                    warn!("another attempt took over the key's hold");
+                    return;
+                }
+                Ok(Err(e)) => warn!(error = %e, "could not extend the key's hold; trying again at the next beat"),
+                Err(_) => return,
+            }
+            if let Some(renewal) = renewal.filter(|_| config.heartbeat.is_some() && !hold_is_lease) {
+                match tokio::time::timeout(every, renewal.renew(&attempt.lease(), config.lease)).await {
+                    Ok(Ok(lease)) => attempt.renewed(lease),
+                    Ok(Err(e)) => warn!(error = %e, "heartbeat failed; another worker may take this job"),
+                    Err(_) => warn!("heartbeat timed out; another worker may take this job"),
+                }
+            }
+        }
+    }
+
+    async fn decide(&self, attempt: &Attempt<'_>, outcome: Outcome) {
+        let job = &attempt.claimed.job;
+        match self.policy.decide(job.attempt, job.cap, &outcome) {
+            Decision::Complete => {
+                debug!("done");
+                self.counters.add(Count::Succeeded, 1);
+                self.settle(self.queue.complete(&attempt.lease(), None).await);
+            }
+            Decision::RetryIn(delay) => {
+                let error = error_of(&outcome);
+                warn!(error, retry_in_ms = delay.as_millis() as u64, "attempt failed; retrying");
+                self.counters.add(Count::Retried, 1);
+                self.settle(self.queue.retry(&attempt.lease(), delay, error).await);
+            }
+            Decision::DeadLetter => self.dead_letter(&attempt.claimed(), error_of(&outcome)).await,
+        }
+    }
+
+    async fn dead_letter(&self, claimed: &Claimed, error: &str) {
+        let record = match self.queue.dead_letter(claimed, error).await {
+            Ok(record) => record,
+            Err(e) => return self.settle(Err(e)),
+        };
+        self.counters.add(Count::DeadLettered, 1);
+        match record {
+            Some(record) => {
+                warn!(record = %record.id, error, "failure record written");
+                self.alert(record).await;
+            }
+            None => warn!(error, "handed to the service's dead-letter queue; alerted once it is listed there"),
+        }
+    }
+
+    pub(super) fn settle(&self, result: Result<()>) {
+        match result {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::LeaseLost => {
+                warn!("lease lost: another worker holds this job now; nothing was changed");
+                self.counters.add(Count::LeaseLost, 1);
+            }
+            Err(e) => error!(error = %e, "could not settle the job; it returns after its lease"),
+        }
+    }
+}
+
+fn error_of(outcome: &Outcome) -> &str {
+    match outcome {
+        Outcome::Done(_) => "",
+        Outcome::Retry { error, .. } | Outcome::Fail { error } => error,
+    }
+}

@@ -1,0 +1,284 @@
+//! Claiming ahead of the handlers: the claimers, the pace that sizes their claims, the back-off
+//! while the effect ledger is unreachable, and the dispatcher that hands claimed jobs to handlers.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, error, warn};
+
+use super::{Count, Shared, WorkerConfig, job_span};
+use crate::backend::{Claim, Claimed, DeadLetter, Ledger};
+use crate::policy::Backoff;
+
+/// How much work a worker claims ahead of its handlers: about this long of it. Fast jobs are
+/// claimed in full batches; slow ones a few at a time, so that several workers on one queue share
+/// the work instead of one holding a batch it needs minutes to get through.
+const CLAIM_AHEAD: Duration = Duration::from_secs(1);
+
+/// A moving average of how long handlers take, in microseconds; 0 until one has finished.
+#[derive(Debug, Default)]
+pub(super) struct Pace(AtomicU64);
+
+impl Pace {
+    pub(super) fn record(&self, took: Duration) {
+        let took = took.as_micros().clamp(1, u64::MAX as u128) as u64;
+        // Weight 1/4 to the newest: it follows a change of workload within a few jobs.
+        let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
+            Some(if avg == 0 { took } else { avg - avg / 4 + took / 4 })
+        });
+    }
+
+    /// Jobs to hold claimed ahead of the handlers: as many as they get through in
+    /// [`CLAIM_AHEAD`] (or a quarter of the claim lease, if shorter). None before any handler
+    /// has finished: nothing says yet whether the jobs are quick, and a slow job claimed ahead
+    /// would wait out its claim lease in the buffer.
+    fn ahead(&self, config: &WorkerConfig, claim_lease: Duration) -> usize {
+        let concurrency = config.concurrency.max(1) as u128;
+        let avg = self.0.load(Ordering::Relaxed) as u128;
+        // Never more than a quarter of the claim lease's worth, so that a claimed job starts well
+        // before its claim lease is half gone (and it would be handed back).
+        let work = CLAIM_AHEAD.min(claim_lease / 4).as_micros();
+        let ahead = (concurrency * work).checked_div(avg).unwrap_or(0);
+        ahead.min(usize::MAX as u128) as usize
+    }
+}
+
+/// Failures of the effect ledger in a row, and until when claims pause because of them. An
+/// unreachable ledger is not the job's fault: its jobs are deferred without spending an attempt,
+/// and the worker stops taking more until the pause is over.
+#[derive(Debug, Default)]
+pub(super) struct Infra {
+    failures: AtomicU32,
+    pause_until: Mutex<Option<Instant>>,
+}
+
+impl Infra {
+    /// Counts a failure; returns how long to put the job back for (and pause claims).
+    pub(super) fn failed(&self, lease: Duration) -> Duration {
+        let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        // Up to a third of the lease, so that the queue is back at work soon after the ledger.
+        let backoff = Backoff { base: Duration::from_millis(100), max: (lease / 3).max(Duration::from_millis(100)), ..Backoff::default() };
+        let delay = backoff.delay(n);
+        let mut until = self.pause_until.lock().unwrap_or_else(|p| p.into_inner());
+        let end = Instant::now() + delay;
+        *until = Some(until.map_or(end, |u| u.max(end)));
+        delay
+    }
+
+    pub(super) fn ok(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+    }
+
+    fn pause(&self) -> Option<Instant> {
+        let until = *self.pause_until.lock().unwrap_or_else(|p| p.into_inner());
+        until.filter(|u| *u > Instant::now())
+    }
+}
+
+/// Claims ahead of the running handlers: `claimers` claim calls in flight, each taking up to
+/// `batch` jobs, into a buffer the dispatcher hands to at most `concurrency` handlers. Beside
+/// them, the alert sweep.
+pub(super) async fn claim_loop<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
+    shared: Arc<Shared<Q, L>>,
+    stop: CancellationToken,
+    abandon: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let claimers = shared.config.claimers.max(1);
+    let room = Arc::new(Semaphore::new(shared.batch() * claimers));
+    let (buffer, waiting) = mpsc::unbounded_channel::<(Instant, Claimed)>();
+    let dispatcher =
+        tokio::spawn(dispatch(Arc::clone(&shared), waiting, Arc::clone(&room), stop.clone(), abandon, tracker));
+    let sweep = tokio::spawn(super::alerts::sweep(Arc::clone(&shared), stop.clone()));
+    let claimers: Vec<_> = (0..claimers)
+        .map(|_| tokio::spawn(claimer(Arc::clone(&shared), buffer.clone(), Arc::clone(&room), stop.clone())))
+        .collect();
+    drop(buffer);
+    for claimer in claimers {
+        if let Err(e) = claimer.await {
+            error!(error = %e, "worker claimer panicked");
+        }
+    }
+    if let Err(e) = dispatcher.await {
+        error!(error = %e, "worker dispatcher panicked");
+    }
+    if let Err(e) = sweep.await {
+        error!(error = %e, "worker alert sweep panicked");
+    }
+}
+
+/// One claim call at a time, for as many jobs as the handlers get through in about
+/// [`CLAIM_AHEAD`] (at most `batch`), once the buffer has room for them.
+async fn claimer<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
+    shared: Arc<Shared<Q, L>>,
+    buffer: mpsc::UnboundedSender<(Instant, Claimed)>,
+    room: Arc<Semaphore>,
+    stop: CancellationToken,
+) {
+    let mut failures = 0u32;
+    while !stop.is_cancelled() {
+        if let Some(until) = shared.infra.pause() {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                () = stop.cancelled() => break,
+            }
+        }
+        // Wait for room for the whole claim: claiming whatever little room there is would turn
+        // one full claim into many small ones (each an API request on SQS).
+        let want = shared.claim_size();
+        tokio::select! {
+            permits = room.acquire_many(want as u32) => permits.expect("the semaphore is never closed").forget(),
+            () = stop.cancelled() => break,
+        }
+        tokio::select! {
+            () = shared.wait_for_pace(want) => {}
+            () = stop.cancelled() => {
+                room.add_permits(want);
+                break;
+            }
+        }
+        let claimed = match shared.queue.claim(&shared.kinds, want, shared.claim_lease, shared.config.poll).await {
+            Ok(claimed) => {
+                failures = 0;
+                claimed
+            }
+            Err(e) => {
+                room.add_permits(want);
+                shared.buffered.fetch_sub(want, Ordering::Relaxed); // the reservation
+                failures += 1;
+                let pause =
+                    Backoff { base: Duration::from_millis(100), max: Duration::from_secs(10), ..Backoff::default() };
+                warn!(error = %e, "claim failed; pausing");
+                tokio::select! {
+                    () = tokio::time::sleep(pause.delay(failures)) => {}
+                    () = stop.cancelled() => {}
+                }
+                continue;
+            }
+        };
+        // The room and the reservation made for `want` become the jobs that came.
+        let unfilled = want.saturating_sub(claimed.len());
+        room.add_permits(unfilled);
+        shared.buffered.fetch_sub(unfilled, Ordering::Relaxed);
+        shared.counters.add(Count::Claimed, claimed.len() as u64);
+        let now = Instant::now();
+        for job in claimed {
+            // The dispatcher outlives every claimer, so this cannot fail.
+            let _ = buffer.send((now, job));
+        }
+    }
+}
+
+async fn dispatch<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
+    shared: Arc<Shared<Q, L>>,
+    mut waiting: mpsc::UnboundedReceiver<(Instant, Claimed)>,
+    room: Arc<Semaphore>,
+    stop: CancellationToken,
+    abandon: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let slots = Arc::clone(&shared.slots);
+    // Jobs between dispatch and settlement. A handler's slot is freed as soon as it returns, so
+    // settlements (batched by the backend) overlap the next handlers; this bounds how many wait.
+    let outstanding =
+        Arc::new(Semaphore::new((4 * shared.batch() * shared.config.claimers).max(shared.config.concurrency)));
+    // Jobs that shutdown caught before they started. They are handed back only once every
+    // claimer has stopped, so no claim of this worker can take them again.
+    let mut unstarted = Vec::new();
+    while let Some((claimed_at, job)) = waiting.recv().await {
+        room.add_permits(1);
+        let permits = tokio::select! {
+            permits = async {
+                let out = Arc::clone(&outstanding).acquire_owned().await;
+                let slot = Arc::clone(&slots).acquire_owned().await;
+                out.and_then(|out| slot.map(|slot| (out, slot)))
+            }, if !stop.is_cancelled() => Some(permits.expect("the semaphores are never closed")),
+            () = stop.cancelled() => None,
+        };
+        // Counted as waiting until it has its handler slot, so that no claim is made for the
+        // slot it is about to take.
+        shared.buffered.fetch_sub(1, Ordering::Relaxed);
+        shared.taken.notify_waiters();
+        let Some((out, slot)) = permits else {
+            unstarted.push(job);
+            continue;
+        };
+        let span = job_span(&job);
+        let shared = Arc::clone(&shared);
+        if claimed_at.elapsed() >= shared.claim_lease / 2 {
+            // It waited in the buffer for half its claim lease: give it back rather than run it
+            // on a lease about to lapse.
+            tracker.spawn(async move { shared.give_back(&job).await }.instrument(span));
+            continue;
+        }
+        let abandon = abandon.clone();
+        tracker.spawn(
+            async move {
+                shared.process(job, claimed_at, slot, abandon).await;
+                drop(out);
+            }
+            .instrument(span),
+        );
+    }
+    for job in unstarted {
+        let span = job_span(&job);
+        let shared = Arc::clone(&shared);
+        tracker.spawn(async move { shared.give_back(&job).await }.instrument(span));
+    }
+}
+
+impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
+    /// The most jobs one claim asks for: `batch`, within what the backend returns at most.
+    fn batch(&self) -> usize {
+        self.config.batch.min(self.caps.max_claim).max(1)
+    }
+
+    /// How many jobs may wait claimed: what the handlers get through in [`CLAIM_AHEAD`], or
+    /// as many as there are idle handlers, whichever is more. Slow jobs are thus claimed only for
+    /// a handler that is free, never to wait behind a running one for longer than their claim
+    /// lease.
+    fn room(&self) -> usize {
+        self.pace.ahead(&self.config, self.claim_lease).max(self.slots.available_permits())
+    }
+
+    /// Jobs to ask for in one claim: the claimers' share of the [`room`](Self::room), rounded up
+    /// to a power of two (a backend may prepare a statement per size: it sees few), at most
+    /// the batch.
+    fn claim_size(&self) -> usize {
+        let batch = self.batch();
+        self.room().div_ceil(self.config.claimers.max(1)).min(batch).next_power_of_two().min(batch)
+    }
+
+    /// Waits until a claim of `want` more jobs keeps the buffer within the [`room`](Self::room),
+    /// then reserves their places (in `buffered`), so that two claimers never both claim for
+    /// the same idle handler.
+    async fn wait_for_pace(&self, want: usize) {
+        loop {
+            let taken = self.taken.notified();
+            let mut taken = std::pin::pin!(taken);
+            // Registered before looking, so a job taken in between is not missed.
+            taken.as_mut().enable();
+            let buffered = self.buffered.load(Ordering::Relaxed);
+            if buffered + want <= self.room() {
+                let reserved =
+                    self.buffered.compare_exchange(buffered, buffered + want, Ordering::AcqRel, Ordering::Relaxed);
+                if reserved.is_ok() {
+                    return;
+                }
+                continue; // another claimer reserved meanwhile: look again
+            }
+            taken.await;
+        }
+    }
+
+    async fn give_back(&self, claimed: &Claimed) {
+        debug!("handed back before it started");
+        self.counters.add(Count::HandedBack, 1);
+        self.settle(self.queue.release(&claimed.lease).await);
+    }
+}

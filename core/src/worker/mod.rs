@@ -1,0 +1,521 @@
+//! The worker: one for every backend. Claim → decode → ledger check → handler → settle, and
+//! an alert for every failure record.
+//!
+//! - `mod.rs`: configuration, counters, handlers, the builder, start and shutdown;
+//! - `claiming.rs`: the claimers, the pace of claims and the dispatcher;
+//! - `attempt.rs`: one job's attempt, its key's hold and its settlement;
+//! - `alerts.rs`: alerts delivered at least once per record, deduplicated through the ledger.
+
+mod alerts;
+mod attempt;
+mod claiming;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{error, info, info_span};
+
+use crate::alert::{Alert, AlertSink, BoxFuture, TracingAlerts};
+use crate::backend::{Capabilities, Claim, Claimed, DeadLetter, Kinds, Ledger};
+use crate::job::{Job, JobContext, JobError};
+use crate::policy::{Backoff, RetryPolicy};
+
+/// How a worker runs. Every field has a sensible default.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Handlers running at once (default 8).
+    pub concurrency: usize,
+    /// Most jobs per claim call (default 128; a backend may take fewer, SQS at most 10). A claim
+    /// asks for about a second of work at the handlers' recent pace, up to this: quick jobs come
+    /// in full batches, slow ones a few at a time, so workers sharing a queue share its work.
+    /// Claimed jobs wait in a buffer ahead of the handlers (at most `batch × claimers`); one that
+    /// waits half its claim lease is handed back rather than run late.
+    pub batch: usize,
+    /// Claim calls in flight at once (default 4), so claims' round trips overlap.
+    pub claimers: usize,
+    /// How long a running handler's job is held before another worker may take it (default
+    /// 30 s); the heartbeat renews it.
+    pub lease: Duration,
+    /// The shorter lease a job is claimed with, until its handler starts (default 3 s; at most
+    /// `lease`). A worker that dies strands the jobs it claimed ahead for this long, not for a
+    /// whole `lease`. A handler still running after its first poll has its job's lease extended
+    /// to `lease` at once, heartbeat or not; a handler done at its first poll settles within the
+    /// claim lease and costs no extension.
+    pub claim_lease: Duration,
+    /// How often a running handler's lease is extended; `None` turns the heartbeat off
+    /// (default: a third of the lease). The ledger hold is extended at this pace (or a third of
+    /// the lease) either way, for as long as the handler runs. Where the job's lease is its key's
+    /// hold (Postgres jobs), that keeps the lease too: a hung handler then holds its job for as
+    /// long as its process lives, heartbeat or not.
+    pub heartbeat: Option<Duration>,
+    /// How long one claim call waits for work (default 1 s; also bounds shutdown latency).
+    pub poll: Duration,
+    /// Delays between attempts.
+    pub backoff: Backoff,
+    /// On shutdown, how long running handlers get to finish before their jobs are released
+    /// (default 30 s).
+    pub shutdown_grace: Duration,
+    /// How often the worker looks for failure records whose alert was not delivered (a sink
+    /// that kept failing, a worker that died between the record and its alert), and delivers
+    /// it (default 60 s; also once at start).
+    pub alert_sweep: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        let lease = Duration::from_secs(30);
+        Self {
+            concurrency: 8,
+            batch: 128,
+            claimers: 4,
+            lease,
+            claim_lease: Duration::from_secs(3),
+            heartbeat: Some(lease / 3),
+            poll: Duration::from_secs(1),
+            backoff: Backoff::default(),
+            shutdown_grace: Duration::from_secs(30),
+            alert_sweep: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Counters of what a worker did, for tests, metrics and the quickstart's evidence.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Jobs claimed.
+    pub claimed: u64,
+    /// Handlers that succeeded (effect done, job complete).
+    pub succeeded: u64,
+    /// Jobs acknowledged without running because the ledger said the effect was done.
+    pub skipped: u64,
+    /// Jobs put back without spending an attempt: another attempt held the key, no handler for
+    /// the kind, or the effect ledger was unreachable.
+    pub deferred: u64,
+    /// Failed attempts put back for a retry.
+    pub retried: u64,
+    /// Failure records written.
+    pub dead_lettered: u64,
+    /// Running jobs given back when the shutdown grace ran out.
+    pub released: u64,
+    /// Claimed jobs given back before they started: at shutdown, or after waiting half their
+    /// lease in the buffer.
+    pub handed_back: u64,
+    /// Settlements refused because the lease had moved on.
+    pub lease_lost: u64,
+    /// Handlers cancelled because their key's hold could not be renewed before it lapsed.
+    pub cancelled: u64,
+    /// Alerts delivered (one per record and sink).
+    pub alerted: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters([AtomicU64; 11]);
+
+#[derive(Clone, Copy)]
+enum Count {
+    Claimed,
+    Succeeded,
+    Skipped,
+    Deferred,
+    Retried,
+    DeadLettered,
+    Released,
+    HandedBack,
+    LeaseLost,
+    Cancelled,
+    Alerted,
+}
+
+impl Counters {
+    fn add(&self, which: Count, n: u64) {
+        self.0[which as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> WorkerStats {
+        let get = |c: Count| self.0[c as usize].load(Ordering::Relaxed);
+        WorkerStats {
+            claimed: get(Count::Claimed),
+            succeeded: get(Count::Succeeded),
+            skipped: get(Count::Skipped),
+            deferred: get(Count::Deferred),
+            retried: get(Count::Retried),
+            dead_lettered: get(Count::DeadLettered),
+            released: get(Count::Released),
+            handed_back: get(Count::HandedBack),
+            lease_lost: get(Count::LeaseLost),
+            cancelled: get(Count::Cancelled),
+            alerted: get(Count::Alerted),
+        }
+    }
+}
+
+/// A handler's result for one attempt.
+pub type HandlerResult = Result<Value, JobError>;
+
+/// A handler for jobs of type `J`: any `Fn(J, JobContext) -> impl Future<Output =
+/// Result<T, JobError>>` where `T: Serialize` (stored in the ledger as the effect's result).
+pub trait Handler<J>: Send + Sync + 'static {
+    /// Runs one attempt.
+    fn call(&self, job: J, ctx: JobContext) -> BoxFuture<'static, HandlerResult>;
+}
+
+impl<J, F, Fut, T> Handler<J> for F
+where
+    J: Job,
+    F: Fn(J, JobContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, JobError>> + Send + 'static,
+    T: Serialize,
+{
+    fn call(&self, job: J, ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
+        let fut = self(job, ctx);
+        Box::pin(async move {
+            let value = fut.await?;
+            Ok(serde_json::to_value(value).unwrap_or(Value::Null))
+        })
+    }
+}
+
+/// A handler with its job type erased: decodes the payload, then runs.
+trait Erased: Send + Sync {
+    fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String>;
+}
+
+struct Typed<J, H>(H, std::marker::PhantomData<fn() -> J>);
+
+impl<J: Job, H: Handler<J>> Erased for Typed<J, H> {
+    fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String> {
+        // The message names the field and the expected type, never the value: it is logged,
+        // stored as the record's last error and alerted.
+        let job = crate::decode::payload::<J>(payload)?;
+        // A handler runs code before it returns its future (a closure's body up to `async`). A
+        // panic there must end this attempt like one inside the future, not the worker's task:
+        // otherwise nothing settles the job and it waits out its lease, its panic message lost.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| self.0.call(job, ctx))) {
+            Ok(run) => Ok(run),
+            Err(panic) => Ok(Box::pin(std::future::ready(Err(panicked(panic))))),
+        }
+    }
+}
+
+/// A failed attempt for a handler that panicked, keeping the panic's message (the handler
+/// author's words) when it is a string, as `panic!` and `expect` make it.
+fn panicked(panic: Box<dyn std::any::Any + Send>) -> JobError {
+    let message = panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+    match message {
+        Some(message) => JobError::retry(format!("the handler panicked: {message}")),
+        None => JobError::retry("the handler panicked"),
+    }
+}
+
+/// Builds a [`Worker`]: the queue to claim from, the ledger, the handlers, the alert sinks.
+///
+/// The setters ([`concurrency`](Self::concurrency), [`lease`](Self::lease), [`poll`](Self::poll)
+/// …) compose in any order, and with [`config`](Self::config): a whole [`WorkerConfig`] is the
+/// base, and each setter called, before or after it, overrides its one field.
+///
+/// ```
+/// use std::time::Duration;
+/// use redrive_core::{MemoryBackend, Worker, WorkerConfig};
+///
+/// let backend = MemoryBackend::new();
+/// let worker = Worker::builder(backend.clone(), backend)
+///     .concurrency(2)
+///     .config(WorkerConfig { concurrency: 16, batch: 32, ..WorkerConfig::default() })
+///     .lease(Duration::from_secs(60))
+///     .build();
+/// // The setter wins over the base, whichever came first; the base's other fields stay.
+/// assert_eq!((worker.config().concurrency, worker.config().batch), (2, 32));
+/// assert_eq!(worker.config().heartbeat, Some(Duration::from_secs(20)), "a third of the lease");
+/// ```
+pub struct WorkerBuilder<Q, L> {
+    queue: Q,
+    ledger: L,
+    config: WorkerConfig,
+    set: Overrides,
+    handlers: HashMap<String, Arc<dyn Erased>>,
+    alerts: Vec<Arc<dyn AlertSink>>,
+}
+
+/// The fields a builder's setters chose, applied over the base configuration at `build`, so
+/// that `config(..)` and the setters compose in any order.
+#[derive(Debug, Default)]
+struct Overrides {
+    concurrency: Option<usize>,
+    batch: Option<usize>,
+    claimers: Option<usize>,
+    lease: Option<Duration>,
+    heartbeat: Option<Option<Duration>>,
+    poll: Option<Duration>,
+    backoff: Option<Backoff>,
+    shutdown_grace: Option<Duration>,
+    alert_sweep: Option<Duration>,
+}
+
+impl Overrides {
+    fn apply(self, mut config: WorkerConfig) -> WorkerConfig {
+        config.concurrency = self.concurrency.unwrap_or(config.concurrency);
+        config.batch = self.batch.unwrap_or(config.batch);
+        config.claimers = self.claimers.unwrap_or(config.claimers);
+        if let Some(lease) = self.lease {
+            config.lease = lease;
+            // The heartbeat follows a new lease, unless it was set or turned off.
+            config.heartbeat = config.heartbeat.map(|_| lease / 3);
+        }
+        config.heartbeat = self.heartbeat.unwrap_or(config.heartbeat);
+        config.poll = self.poll.unwrap_or(config.poll);
+        config.backoff = self.backoff.unwrap_or(config.backoff);
+        config.shutdown_grace = self.shutdown_grace.unwrap_or(config.shutdown_grace);
+        config.alert_sweep = self.alert_sweep.unwrap_or(config.alert_sweep);
+        config
+    }
+}
+
+impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
+    /// Registers the handler for job type `J`.
+    pub fn handle<J: Job>(mut self, handler: impl Handler<J>) -> Self {
+        self.handlers.insert(J::KIND.to_owned(), Arc::new(Typed(handler, std::marker::PhantomData)));
+        self
+    }
+
+    /// Sets the base configuration: every field a setter of this builder does not set, whether
+    /// that setter is called before or after this. Called twice, the later base wins.
+    pub fn config(mut self, config: WorkerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Handlers running at once (at least 1). See [`WorkerConfig::concurrency`].
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.set.concurrency = Some(n.max(1));
+        self
+    }
+
+    /// Most jobs per claim call (at least 1). See [`WorkerConfig::batch`].
+    pub fn batch(mut self, n: usize) -> Self {
+        self.set.batch = Some(n.max(1));
+        self
+    }
+
+    /// Claim calls in flight at once (at least 1). See [`WorkerConfig::claimers`].
+    pub fn claimers(mut self, n: usize) -> Self {
+        self.set.claimers = Some(n.max(1));
+        self
+    }
+
+    /// The lease per claim. The heartbeat follows at a third of it, unless
+    /// [`heartbeat`](Self::heartbeat) is called (before or after this) or the base
+    /// configuration turned it off.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.set.lease = Some(lease);
+        self
+    }
+
+    /// How often a running handler's lease is extended; `None` turns the heartbeat off. See
+    /// [`WorkerConfig::heartbeat`].
+    pub fn heartbeat(mut self, every: Option<Duration>) -> Self {
+        self.set.heartbeat = Some(every);
+        self
+    }
+
+    /// How long one claim call waits for work. See [`WorkerConfig::poll`].
+    pub fn poll(mut self, wait: Duration) -> Self {
+        self.set.poll = Some(wait);
+        self
+    }
+
+    /// The delays between attempts.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.set.backoff = Some(backoff);
+        self
+    }
+
+    /// On shutdown, how long running handlers get to finish. See
+    /// [`WorkerConfig::shutdown_grace`].
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.set.shutdown_grace = Some(grace);
+        self
+    }
+
+    /// How often to look for records whose alert was not delivered. See
+    /// [`WorkerConfig::alert_sweep`].
+    pub fn alert_sweep(mut self, every: Duration) -> Self {
+        self.set.alert_sweep = Some(every);
+        self
+    }
+
+    /// Adds an alert sink. Without any, alerts go to [`TracingAlerts`]. Each sink gets each
+    /// record's alert once: a failed delivery is retried with backoff, then by the next sweep.
+    pub fn alert(mut self, sink: impl AlertSink) -> Self {
+        self.alerts.push(Arc::new(sink));
+        self
+    }
+
+    /// Adds an alert sink made from a closure; see [`alert::from_fn`](crate::alert::from_fn).
+    pub fn alert_fn<F, Fut>(self, send: F) -> Self
+    where
+        F: Fn(Alert) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = crate::Result<()>> + Send + 'static,
+    {
+        self.alert(crate::alert::from_fn(send))
+    }
+
+    /// The worker, ready to [`start`](Worker::start).
+    pub fn build(mut self) -> Worker<Q, L> {
+        if self.alerts.is_empty() {
+            self.alerts.push(Arc::new(TracingAlerts));
+        }
+        let config = self.set.apply(self.config);
+        let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
+        let caps = self.queue.capabilities();
+        // Without renewal a claimed job cannot move to a longer lease: claim it on the full one.
+        let claim_lease =
+            if self.queue.renewal().is_some() { config.claim_lease.min(config.lease) } else { config.lease };
+        let mut kinds: Vec<String> = self.handlers.keys().cloned().collect();
+        kinds.sort();
+        Worker {
+            shared: Arc::new(Shared {
+                queue: self.queue,
+                ledger: self.ledger,
+                policy: RetryPolicy { backoff: config.backoff },
+                claim_lease,
+                kinds: Kinds::Only(kinds),
+                caps,
+                config,
+                handlers: self.handlers,
+                alerts: self.alerts,
+                counters: Counters::default(),
+                pace: claiming::Pace::default(),
+                infra: claiming::Infra::default(),
+                buffered: AtomicUsize::new(0),
+                taken: Notify::new(),
+                slots,
+            }),
+        }
+    }
+}
+
+/// Runs handlers for claimed jobs, so that each key's effect happens once and each job that
+/// cannot succeed ends as a failure record with one alert.
+pub struct Worker<Q, L> {
+    shared: Arc<Shared<Q, L>>,
+}
+
+struct Shared<Q, L> {
+    queue: Q,
+    ledger: L,
+    config: WorkerConfig,
+    /// The lease jobs are claimed with: `config.claim_lease`, or the full lease where the queue
+    /// cannot renew.
+    claim_lease: Duration,
+    /// The kinds this worker has handlers for: the only ones it claims.
+    kinds: Kinds,
+    caps: Capabilities,
+    policy: RetryPolicy,
+    handlers: HashMap<String, Arc<dyn Erased>>,
+    alerts: Vec<Arc<dyn AlertSink>>,
+    counters: Counters,
+    pace: claiming::Pace,
+    /// Backs off claims while the effect ledger is unreachable.
+    infra: claiming::Infra,
+    /// Claimed jobs waiting for a handler, and a signal each time one is taken or a handler
+    /// finishes (either makes room for a claim).
+    buffered: AtomicUsize,
+    taken: Notify,
+    /// A permit per handler running.
+    slots: Arc<Semaphore>,
+}
+
+impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> Worker<Q, L> {
+    /// Starts building a worker over `queue` and `ledger` (often the same backend value).
+    pub fn builder(queue: Q, ledger: L) -> WorkerBuilder<Q, L> {
+        WorkerBuilder {
+            queue,
+            ledger,
+            config: WorkerConfig::default(),
+            set: Overrides::default(),
+            handlers: HashMap::new(),
+            alerts: Vec::new(),
+        }
+    }
+
+    /// The configuration the worker runs with.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.shared.config
+    }
+
+    /// Spawns the worker on the current Tokio runtime.
+    pub fn start(self) -> RunningWorker {
+        let stop = CancellationToken::new();
+        let abandon = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let shared = Arc::clone(&self.shared);
+        let counters: Arc<dyn Fn() -> WorkerStats + Send + Sync> = Arc::new(move || shared.counters.snapshot());
+        let grace = self.shared.config.shutdown_grace;
+        let main = tokio::spawn(claiming::claim_loop(self.shared, stop.clone(), abandon.clone(), tracker.clone()));
+        RunningWorker { stop, abandon, tracker, main, grace, stats: counters }
+    }
+
+    /// Runs until `signal` resolves, then shuts down gracefully. Returns the final counters.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) -> WorkerStats {
+        let running = self.start();
+        signal.await;
+        running.shutdown().await
+    }
+}
+
+/// A started worker.
+pub struct RunningWorker {
+    stop: CancellationToken,
+    abandon: CancellationToken,
+    tracker: TaskTracker,
+    main: tokio::task::JoinHandle<()>,
+    grace: Duration,
+    stats: Arc<dyn Fn() -> WorkerStats + Send + Sync>,
+}
+
+impl RunningWorker {
+    /// What the worker has done so far.
+    pub fn stats(&self) -> WorkerStats {
+        (self.stats)()
+    }
+
+    /// Stops claiming, lets running handlers finish within the configured grace, then releases
+    /// the jobs of those still running so another worker takes them at once.
+    pub async fn shutdown(self) -> WorkerStats {
+        let grace = self.grace;
+        self.shutdown_within(grace).await
+    }
+
+    /// [`shutdown`](Self::shutdown) with an explicit grace (`Duration::ZERO`: release at once).
+    pub async fn shutdown_within(self, grace: Duration) -> WorkerStats {
+        self.stop.cancel();
+        if let Err(e) = self.main.await {
+            error!(error = %e, "worker claim loop panicked");
+        }
+        self.tracker.close();
+        if tokio::time::timeout(grace, self.tracker.wait()).await.is_err() {
+            info!("shutdown grace over: releasing the jobs still running");
+            self.abandon.cancel();
+            self.tracker.wait().await;
+        }
+        (self.stats)()
+    }
+}
+
+/// Every log event about a job carries its id, kind, attempt and key; never its payload.
+fn job_span(claimed: &Claimed) -> tracing::Span {
+    let job = &claimed.job;
+    info_span!("job", id = %job.id, kind = %job.kind, attempt = job.attempt, key = %job.key)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,428 @@
+//! The worker's own tests, on the in-memory backend.
+use std::sync::Mutex;
+
+use serde::Deserialize;
+use serde_json::json;
+
+use super::*;
+use crate::backend::{DeadLetter, Enqueue, EnqueueExt, FailureQuery};
+use crate::error::Error;
+use crate::job::NewJob;
+use crate::key::{IdempotencyKey, KeyBuilder};
+use crate::memory::MemoryBackend;
+
+#[derive(Serialize, Deserialize)]
+struct Ping {
+    n: u32,
+}
+
+impl Job for Ping {
+    const KIND: &'static str = "ping";
+    const CAP: Option<u32> = Some(3);
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("n", self.n)
+    }
+}
+
+struct FailingSink;
+
+impl AlertSink for FailingSink {
+    fn send<'a>(&'a self, _alert: &'a Alert) -> BoxFuture<'a, crate::Result<()>> {
+        Box::pin(async { Err(Error::temporary("webhook down")) })
+    }
+}
+
+fn fast() -> WorkerConfig {
+    WorkerConfig { backoff: Backoff::NONE, poll: Duration::from_millis(50), ..WorkerConfig::default() }
+}
+
+async fn records(backend: &MemoryBackend, n: usize) -> Vec<crate::FailureRecord> {
+    for _ in 0..200 {
+        let list = backend.list(&FailureQuery::open()).await.unwrap();
+        if list.len() >= n {
+            return list;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("expected {n} failure records");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_share_slow_jobs_instead_of_one_claiming_them_all() {
+    let backend = MemoryBackend::new();
+    for n in 0..40 {
+        backend.enqueue_job(&Ping { n }).await.unwrap();
+    }
+    let slow = |_job: Ping, _ctx: JobContext| async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok::<_, JobError>(())
+    };
+    let config = WorkerConfig { concurrency: 2, ..fast() };
+    let start = |backend: &MemoryBackend| {
+        Worker::builder(backend.clone(), backend.clone())
+            .config(config.clone())
+            .handle::<Ping>(slow)
+            .build()
+            .start()
+    };
+    let first = start(&backend);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = start(&backend);
+    let all_done = async {
+        while first.stats().succeeded + second.stats().succeeded < 40 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), all_done).await.expect("all 40 jobs run");
+    let (first, second) = (first.shutdown().await, second.shutdown().await);
+    // One worker claiming a full batch would have left the second with nothing to do.
+    assert!(
+        second.succeeded >= 10,
+        "the later worker ran {} of 40; the first {}",
+        second.succeeded,
+        first.succeeded
+    );
+    assert_eq!(first.handed_back + second.handed_back, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_jobs_are_claimed_for_free_handlers_only_never_to_wait_out_their_claim_lease() {
+    let backend = MemoryBackend::new();
+    for n in 0..4 {
+        backend.enqueue_job(&Ping { n }).await.unwrap();
+    }
+    let runs = Arc::new(Mutex::new(0));
+    let counter = Arc::clone(&runs);
+    let config = WorkerConfig {
+        concurrency: 1,
+        claim_lease: Duration::from_millis(300),
+        lease: Duration::from_secs(10),
+        ..fast()
+    };
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(config)
+        .handle::<Ping>(move |_job: Ping, _ctx: JobContext| {
+            *counter.lock().unwrap() += 1;
+            async {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Ok::<_, JobError>(())
+            }
+        })
+        .build()
+        .start();
+    for _ in 0..300 {
+        if worker.stats().succeeded == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = worker.shutdown().await;
+    // A job claimed behind a running 500 ms handler would wait past half its 300 ms claim
+    // lease and be handed back, costing a receive on SQS each time.
+    assert_eq!((stats.succeeded, stats.claimed, stats.handed_back, *runs.lock().unwrap()), (4, 4, 0, 4));
+}
+
+#[tokio::test]
+async fn a_worker_claims_only_the_kinds_it_handles() {
+    use crate::backend::{Counts, QueueStats};
+    let backend = MemoryBackend::new();
+    let key = IdempotencyKey::builder("other").fact("n", 1).build().unwrap();
+    backend.enqueue(NewJob::new("other", key, json!({})).unwrap()).await.unwrap();
+    backend.enqueue_job(&Ping { n: 1 }).await.unwrap();
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(fast())
+        .handle::<Ping>(|_job: Ping, _ctx: JobContext| async { Ok::<_, JobError>(()) })
+        .build()
+        .start();
+    for _ in 0..200 {
+        if worker.stats().succeeded == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stats = worker.shutdown().await;
+    assert_eq!((stats.claimed, stats.succeeded, stats.dead_lettered), (1, 1, 0));
+    assert_eq!(backend.counts().await.unwrap(), Counts { queued: 1, running: 0 }, "left for a worker that has a handler");
+    assert_eq!(backend.count_open().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_retried_to_the_cap() {
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Ping { n: 1 }).await.unwrap();
+    let runs = Arc::new(Mutex::new(0));
+    let counter = Arc::clone(&runs);
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(fast())
+        .handle::<Ping>(move |_job: Ping, _ctx: JobContext| {
+            *counter.lock().unwrap() += 1;
+            async move {
+                if true {
+                    panic!("bug in the handler");
+                }
+                Ok::<_, JobError>(())
+            }
+        })
+        .build()
+        .start();
+    let record = records(&backend, 1).await.remove(0);
+    worker.shutdown().await;
+    assert_eq!((record.attempts, *runs.lock().unwrap()), (3, 3));
+    assert!(record.last_error.contains("the handler panicked: bug in the handler"), "{}", record.last_error);
+}
+
+#[tokio::test]
+async fn a_handler_panicking_before_its_future_is_a_failed_attempt_with_its_message() {
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Ping { n: 1 }).await.unwrap();
+    let runs = Arc::new(Mutex::new(0));
+    let counter = Arc::clone(&runs);
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(fast())
+        .handle::<Ping>(move |job: Ping, _ctx: JobContext| {
+            *counter.lock().unwrap() += 1;
+            if job.n > 0 {
+                // A `String` payload, as a formatted panic has.
+                panic!("no limit configured for ping {}", job.n);
+            }
+            async move { Ok::<_, JobError>(()) }
+        })
+        .build()
+        .start();
+    let record = records(&backend, 1).await.remove(0);
+    let stats = worker.shutdown().await;
+    assert_eq!((record.attempts, *runs.lock().unwrap(), stats.retried), (3, 3, 2), "every attempt ran and failed");
+    assert!(
+        record.last_error.contains("the handler panicked: no limit configured for ping 1"),
+        "{}",
+        record.last_error
+    );
+    assert!(record.errors.iter().all(|e| e.error.contains("no limit configured")), "{:?}", record.errors);
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Charge {
+    order: u32,
+    card: Card,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Card {
+    number: u64,
+}
+
+impl Job for Charge {
+    const KIND: &'static str = "charge";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("order", self.order)
+    }
+}
+
+/// Every alert's summary (the webhook's text), kept.
+#[derive(Clone, Default)]
+struct Collect(Arc<Mutex<Vec<String>>>);
+
+impl AlertSink for Collect {
+    fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, crate::Result<()>> {
+        self.0.lock().unwrap().push(alert.summary());
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Tracing output, as a subscriber writing into a buffer gets it.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_payload_that_does_not_decode_is_named_by_field_never_by_value() {
+    const CANARY: &str = "4111111111111111";
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // The test's runtime is single-threaded: the worker's tasks log through this subscriber.
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let backend = MemoryBackend::new();
+    let key = IdempotencyKey::builder("charge").fact("order", 7).build().unwrap();
+    let payload = json!({"order": 7, "card": {"number": CANARY}});
+    backend.enqueue(NewJob::new("charge", key, payload.clone()).unwrap()).await.unwrap();
+    let alerts = Collect::default();
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(fast())
+        .handle::<Charge>(|_job: Charge, _ctx: JobContext| async { Ok::<_, JobError>(()) })
+        .alert(alerts.clone())
+        .alert(TracingAlerts)
+        .build()
+        .start();
+    let record = records(&backend, 1).await.remove(0);
+    worker.shutdown().await;
+    assert_eq!(record.payload, payload, "the record keeps the payload, for a replay");
+    assert_eq!(record.attempts, 1);
+    assert_eq!(
+        record.last_error,
+        "payload does not decode: field `card.number`: invalid type: string, expected u64"
+    );
+    let alerts = alerts.0.lock().unwrap().join("\n");
+    assert!(alerts.contains("field `card.number`"), "{alerts}");
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("failure record written"), "the subscriber saw the worker: {logs}");
+    for (what, text) in [("last error", &record.last_error), ("alert", &alerts), ("logs", &logs)] {
+        assert!(!text.contains(CANARY), "the {what} quotes the payload: {text}");
+    }
+}
+
+#[test]
+fn builder_setters_compose_in_any_order_and_with_a_base_config() {
+    let backend = MemoryBackend::new();
+    let base =
+        WorkerConfig { concurrency: 16, batch: 64, poll: Duration::from_millis(5), ..WorkerConfig::default() };
+    let built = |b: WorkerBuilder<MemoryBackend, MemoryBackend>| b.build().config().clone();
+    let before = built(
+        Worker::builder(backend.clone(), backend.clone())
+            .concurrency(2)
+            .heartbeat(Some(Duration::from_secs(1)))
+            .claimers(1)
+            .config(base.clone())
+            .lease(Duration::from_secs(9))
+            .batch(10)
+            .poll(Duration::from_millis(250))
+            .shutdown_grace(Duration::from_secs(3)),
+    );
+    let after = built(
+        Worker::builder(backend.clone(), backend.clone())
+            .config(base.clone())
+            .shutdown_grace(Duration::from_secs(3))
+            .poll(Duration::from_millis(250))
+            .batch(10)
+            .lease(Duration::from_secs(9))
+            .claimers(1)
+            .heartbeat(Some(Duration::from_secs(1)))
+            .concurrency(2),
+    );
+    for config in [&before, &after] {
+        assert_eq!((config.concurrency, config.batch, config.claimers), (2, 10, 1));
+        assert_eq!((config.lease, config.heartbeat), (Duration::from_secs(9), Some(Duration::from_secs(1))));
+        assert_eq!((config.poll, config.shutdown_grace), (Duration::from_millis(250), Duration::from_secs(3)));
+    }
+    // Without a heartbeat setter, the heartbeat follows the lease; off in the base stays off.
+    let follows = built(Worker::builder(backend.clone(), backend.clone()).lease(Duration::from_secs(9)));
+    assert_eq!(follows.heartbeat, Some(Duration::from_secs(3)));
+    let off = WorkerConfig { heartbeat: None, ..base };
+    let stays_off =
+        built(Worker::builder(backend.clone(), backend.clone()).lease(Duration::from_secs(9)).config(off));
+    assert_eq!((stays_off.heartbeat, stays_off.concurrency), (None, 16));
+}
+
+#[tokio::test]
+async fn a_failing_alert_sink_keeps_the_record_and_permanent_errors_do_not_retry() {
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Ping { n: 2 }).await.unwrap();
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(fast())
+        .handle::<Ping>(|_job: Ping, _ctx: JobContext| async { Err::<(), _>(JobError::permanent("card declined")) })
+        .alert(FailingSink)
+        .build()
+        .start();
+    let record = records(&backend, 1).await.remove(0);
+    let stats = worker.shutdown().await;
+    assert_eq!((record.attempts, stats.retried, stats.dead_lettered), (1, 0, 1));
+    assert_eq!(backend.count_open().await.unwrap(), 1, "the record outlives the failed alert");
+}
+
+#[tokio::test]
+async fn a_closure_is_an_alert_sink() {
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Ping { n: 4 }).await.unwrap();
+    let alerts = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&alerts);
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(fast())
+        .handle::<Ping>(|_job: Ping, _ctx: JobContext| async { Err::<(), _>(JobError::permanent("card declined")) })
+        .alert_fn(move |alert: Alert| {
+            let seen = Arc::clone(&seen);
+            async move {
+                seen.lock().unwrap().push((alert.record.id.clone(), alert.summary()));
+                Ok(())
+            }
+        })
+        .build()
+        .start();
+    let record = records(&backend, 1).await.remove(0);
+    worker.shutdown().await;
+    let alerts = alerts.lock().unwrap();
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert_eq!(alerts[0].0, record.id);
+    assert!(alerts[0].1.contains("card declined"), "{}", alerts[0].1);
+}
+
+#[tokio::test]
+async fn counts_show_queued_and_running_jobs_until_the_queue_drains() {
+    use crate::backend::{Counts, QueueStats, QueueStatsExt};
+    let backend = MemoryBackend::new();
+    for n in 0..4 {
+        backend.enqueue_job(&Ping { n }).await.unwrap();
+    }
+    assert_eq!(backend.counts().await.unwrap(), Counts { queued: 4, running: 0 });
+    let held = backend.claim(&crate::backend::Kinds::Any, 1, Duration::from_secs(30), Duration::ZERO).await.unwrap().remove(0);
+    assert_eq!(backend.counts().await.unwrap(), Counts { queued: 3, running: 1 });
+    let left = backend.wait_until_drained(Duration::from_millis(100)).await.unwrap();
+    assert_eq!(left, Counts { queued: 3, running: 1 }, "nothing works the queue yet");
+    backend.release(&held.lease).await.unwrap();
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(fast())
+        .handle::<Ping>(|_job: Ping, _ctx: JobContext| async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok::<_, JobError>(())
+        })
+        .build()
+        .start();
+    let drained = backend.wait_until_drained(Duration::from_secs(10)).await.unwrap();
+    let stats = worker.shutdown().await;
+    assert!(drained.is_drained(), "{drained:?}");
+    assert_eq!(stats.succeeded, 4, "drained means every job finished");
+}
+
+#[tokio::test]
+async fn a_requested_retry_delay_is_honoured() {
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Ping { n: 3 }).await.unwrap();
+    let starts = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&starts);
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(fast())
+        .handle::<Ping>(move |_job: Ping, ctx: JobContext| {
+            seen.lock().unwrap().push(Instant::now());
+            async move {
+                if ctx.attempt == 1 {
+                    return Err(JobError::retry_after(Duration::from_millis(300), "429 Too Many Requests"));
+                }
+                Ok(())
+            }
+        })
+        .build()
+        .start();
+    for _ in 0..200 {
+        if starts.lock().unwrap().len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    worker.shutdown().await;
+    let starts = starts.lock().unwrap();
+    assert_eq!(starts.len(), 2);
+    assert!(starts[1] - starts[0] >= Duration::from_millis(300));
+}
