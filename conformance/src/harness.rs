@@ -1,16 +1,18 @@
-//! The scenarios' moving parts: the probe job, the scripted handler, the effect log (no unique
-//! constraint on purpose) and the alert log.
+//! The scenarios' moving parts: the probe jobs, the scripted handler, the effect log (no unique
+//! constraint on purpose), the alert log, the log capture, and the [`Frozen`] wrapper that
+//! stalls, breaks or kills one worker's view of the backend.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use redrive_core::alert::BoxFuture;
 use redrive_core::{
-    Alert, AlertSink, Backoff, Begin, Claim, Claimed, Enqueue, Enqueued, FailureQuery, FailureRecord, Hold,
-    IdempotencyKey, Job, JobContext, JobError, KeyBuilder, Lease, Ledger, NewJob, ProviderKey, RunningWorker, Worker,
-    WorkerConfig,
+    Alert, AlertSink, Backend, Backoff, Begin, Capabilities, Claim, Claimed, DeadLetter, Dedupe, Enqueue, Enqueued,
+    Error, FailureId, FailureQuery, FailureRecord, Hold, IdempotencyKey, Job, JobContext, JobError, KeyBuilder, Kinds,
+    Lease, Ledger, NewJob, ProviderKey, Renew, RunningWorker, Worker, WorkerConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +35,43 @@ impl Job for Probe {
     fn key(&self, key: KeyBuilder) -> KeyBuilder {
         key.fact("id", self.id)
     }
+}
+
+/// The second kind, for [`mixed_kinds`](crate::mixed_kinds): same shape, another kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OtherProbe {
+    /// The business fact the key derives from.
+    pub id: u32,
+    /// Anything.
+    pub body: String,
+}
+
+/// The job kind of [`OtherProbe`].
+pub const OTHER_KIND: &str = "redrive_conformance_other";
+
+impl Job for OtherProbe {
+    const KIND: &'static str = OTHER_KIND;
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("id", self.id)
+    }
+}
+
+impl OtherProbe {
+    pub(crate) fn key(id: u32) -> IdempotencyKey {
+        IdempotencyKey::builder(OTHER_KIND).fact("id", id).build().expect("a valid probe key")
+    }
+
+    pub(crate) fn new_job(id: u32) -> NewJob {
+        NewJob::from_job(&Self { id, body: format!("other {id}") }).expect("a probe always makes a job")
+    }
+}
+
+/// Which probe kinds a worker handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handles {
+    Both,
+    Probes,
+    Others,
 }
 
 impl Probe {
@@ -75,6 +114,13 @@ pub(crate) enum Fault {
     First(u32),
     /// Never returns on the first attempt (its worker is then killed); succeeds after that.
     HangFirst,
+    /// Kills its worker (see [`Script::kill_switch`]) every time it starts.
+    Kill,
+    /// Fails (retryably) the first time any delivery of the key starts; succeeds after.
+    FailFirstStart,
+    /// On the first attempt, calls the provider (recorded with the provider key), then kills its
+    /// worker; later attempts call and succeed.
+    CallThenKillFirst,
 }
 
 #[derive(Default)]
@@ -86,6 +132,13 @@ pub(crate) struct Script {
     /// Every effect performed. No unique constraint.
     pub(crate) effects: Mutex<Vec<Effect>>,
     pub(crate) alerts: Mutex<Vec<Alert>>,
+    /// Provider calls: (key, provider key), including those of attempts that died after them.
+    pub(crate) calls: Mutex<Vec<(IdempotencyKey, ProviderKey)>>,
+    /// The current worker's freeze: [`Fault::Kill`] freezes it whole, as if its process died.
+    kill_switch: Mutex<Option<Arc<Freeze>>>,
+    /// Deliveries each record's alert fails before the sink accepts it.
+    alert_failures: AtomicU32,
+    failed_alerts: Mutex<HashMap<FailureId, u32>>,
 }
 
 impl Script {
@@ -117,6 +170,23 @@ impl Script {
         self.alerts.lock().unwrap().len()
     }
 
+    /// The freeze that [`Fault::Kill`] pulls: the worker started with it dies.
+    pub(crate) fn kill_switch(&self, freeze: &Arc<Freeze>) {
+        *self.kill_switch.lock().unwrap() = Some(Arc::clone(freeze));
+    }
+
+    /// The alert sink fails each record's first `n` deliveries.
+    pub(crate) fn flaky_alerts(&self, n: u32) {
+        self.alert_failures.store(n, Ordering::SeqCst);
+    }
+
+    async fn kill(&self) -> ! {
+        if let Some(freeze) = self.kill_switch.lock().unwrap().as_ref() {
+            freeze.all();
+        }
+        std::future::pending().await
+    }
+
     async fn handle(&self, job: Probe, ctx: JobContext) -> Result<u32, JobError> {
         self.starts.lock().unwrap().push((ctx.key.clone(), ctx.attempt));
         let delay = *self.delay.lock().unwrap();
@@ -131,6 +201,16 @@ impl Script {
             }
             Some(Fault::First(n)) if ctx.attempt <= n => return Err(JobError::retry("forced transient failure")),
             Some(Fault::HangFirst) if ctx.attempt == 1 => std::future::pending::<()>().await,
+            Some(Fault::Kill) => self.kill().await,
+            Some(Fault::FailFirstStart) if self.starts_of(&ctx.key).len() == 1 => {
+                return Err(JobError::retry("forced failure of the first start"));
+            }
+            Some(Fault::CallThenKillFirst) => {
+                self.calls.lock().unwrap().push((ctx.key.clone(), ctx.provider_key));
+                if ctx.attempt == 1 && !ctx.earlier_attempt_pending {
+                    self.kill().await;
+                }
+            }
             _ => {}
         }
         self.effects.lock().unwrap().push(Effect {
@@ -148,7 +228,16 @@ struct AlertLog(Arc<Script>);
 
 impl AlertSink for AlertLog {
     fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, redrive_core::Result<()>> {
-        self.0.alerts.lock().unwrap().push(alert.clone());
+        let script = &self.0;
+        let fail_first = script.alert_failures.load(Ordering::SeqCst);
+        let mut failed = script.failed_alerts.lock().unwrap();
+        let failures = failed.entry(alert.record.id.clone()).or_default();
+        if *failures < fail_first {
+            *failures += 1;
+            return Box::pin(async { Err(Error::temporary("the pager answered 429 Too Many Requests")) });
+        }
+        drop(failed);
+        script.alerts.lock().unwrap().push(alert.clone());
         Box::pin(async { Ok(()) })
     }
 }
@@ -157,12 +246,24 @@ impl AlertSink for AlertLog {
 pub(crate) struct Run<Q, L> {
     pub(crate) name: &'static str,
     pub(crate) s: Subject<Q, L>,
+    /// What the queue declares it can do.
+    pub(crate) caps: Capabilities,
     pub(crate) script: Arc<Script>,
 }
 
 impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
     pub(crate) fn new(name: &'static str, s: Subject<Q, L>) -> Self {
-        Self { name, s, script: Arc::default() }
+        Self { name, caps: s.queue.capabilities(), s, script: Arc::default() }
+    }
+
+    /// Whether enqueuing a key twice answers `Duplicate`.
+    pub(crate) fn dedupe(&self) -> bool {
+        self.caps.dedupe != Dedupe::None
+    }
+
+    /// The shortest lease worth asking for in the expiry scenarios.
+    pub(crate) fn short_lease(&self) -> Duration {
+        self.caps.min_lease.max(Duration::from_millis(300))
     }
 
     pub(crate) fn fail(&self, message: impl Into<String>) -> Violation {
@@ -176,7 +277,7 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
 
     /// A worker with the scenario settings: the subject's lease, no backoff.
     pub(crate) fn worker(&self, concurrency: usize) -> RunningWorker {
-        self.worker_with(concurrency, self.s.caps.lease, Duration::from_secs(30))
+        self.worker_with(concurrency, self.s.timing.lease, Duration::from_secs(30))
     }
 
     pub(crate) fn worker_with(&self, concurrency: usize, lease: Duration, grace: Duration) -> RunningWorker {
@@ -194,6 +295,7 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
             poll: Duration::from_millis(200),
             backoff: Backoff::NONE,
             shutdown_grace: grace,
+            alert_sweep: lease,
             ..WorkerConfig::default()
         }
     }
@@ -204,22 +306,45 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
     }
 
     /// Starts a worker running the probe handler on `queue` and `ledger` (the subject's, wrapped).
-    pub(crate) fn start_worker_on<Q2: Claim + 'static, L2: Ledger + 'static>(
+    pub(crate) fn start_worker_on<Q2: Claim + DeadLetter + 'static, L2: Ledger + 'static>(
         &self,
         queue: Q2,
         ledger: L2,
         config: WorkerConfig,
     ) -> RunningWorker {
-        let script = Arc::clone(&self.script);
-        Worker::builder(queue, ledger)
-            .config(config)
-            .handle::<Probe>(move |job: Probe, ctx: JobContext| {
+        self.start_worker_for(queue, ledger, config, Handles::Both)
+    }
+
+    /// Starts a worker with handlers for `handles` only.
+    pub(crate) fn start_worker_for<Q2: Claim + DeadLetter + 'static, L2: Ledger + 'static>(
+        &self,
+        queue: Q2,
+        ledger: L2,
+        config: WorkerConfig,
+        handles: Handles,
+    ) -> RunningWorker {
+        let mut builder = Worker::builder(queue, ledger).config(config).alert(AlertLog(Arc::clone(&self.script)));
+        if handles != Handles::Others {
+            let script = Arc::clone(&self.script);
+            builder = builder.handle::<Probe>(move |job: Probe, ctx: JobContext| {
                 let script = Arc::clone(&script);
                 async move { script.handle(job, ctx).await }
-            })
-            .alert(AlertLog(Arc::clone(&self.script)))
-            .build()
-            .start()
+            });
+        }
+        if handles != Handles::Probes {
+            let script = Arc::clone(&self.script);
+            builder = builder.handle::<OtherProbe>(move |job: OtherProbe, ctx: JobContext| {
+                let script = Arc::clone(&script);
+                async move { script.handle(Probe { id: job.id, body: job.body }, ctx).await }
+            });
+        }
+        builder.build().start()
+    }
+
+    /// A worker whose view of the subject can be frozen (stalled, broken or killed) through
+    /// `freeze`, with the scenario settings.
+    pub(crate) fn frozen_worker(&self, freeze: &Arc<Freeze>, config: WorkerConfig) -> RunningWorker {
+        self.start_worker_on(Frozen::new(self.s.queue.clone(), freeze), Frozen::new(self.s.ledger.clone(), freeze), config)
     }
 
     /// Waits until `done` holds, up to the subject's timeout.
@@ -228,7 +353,7 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
         F: FnMut() -> Fut,
         Fut: Future<Output = bool>,
     {
-        let deadline = tokio::time::Instant::now() + self.s.caps.timeout;
+        let deadline = tokio::time::Instant::now() + self.s.timing.timeout;
         while !done().await {
             if tokio::time::Instant::now() > deadline {
                 return Err(self.fail(format!("timed out waiting for {what}")));
@@ -258,7 +383,7 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
 
     /// Lets late duplicates show.
     pub(crate) async fn settle(&self) {
-        tokio::time::sleep(self.s.caps.settle).await;
+        tokio::time::sleep(self.s.timing.settle).await;
     }
 
     pub(crate) async fn open_records(&self) -> Result<Vec<FailureRecord>, Violation> {
@@ -276,8 +401,18 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
         }
     }
 
-    /// Sorts every key: `succeed` keys should be done once, `fail` keys a failure record.
+    /// Sorts every key: probe `succeed` ids should be done once, `fail` ids a failure record.
     pub(crate) async fn report(&self, succeed: &[u32], fail: &[u32]) -> Result<Report, Violation> {
+        let keys = |ids: &[u32]| ids.iter().map(|id| Probe::key(*id)).collect::<Vec<_>>();
+        self.report_keys(&keys(succeed), &keys(fail)).await
+    }
+
+    /// Sorts every key: `succeed` keys should be done once, `fail` keys a failure record.
+    pub(crate) async fn report_keys(
+        &self,
+        succeed: &[IdempotencyKey],
+        fail: &[IdempotencyKey],
+    ) -> Result<Report, Violation> {
         let mut effects: HashMap<IdempotencyKey, usize> = HashMap::new();
         for e in self.script.effects.lock().unwrap().iter() {
             *effects.entry(e.key.clone()).or_default() += 1;
@@ -287,9 +422,9 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
             *records.entry(r.key).or_default() += 1;
         }
         let mut report = Report::default();
-        let expected = succeed.iter().map(|id| (*id, true)).chain(fail.iter().map(|id| (*id, false)));
-        for (id, should_succeed) in expected {
-            let key = Probe::key(id);
+        let expected = succeed.iter().map(|k| (k, true)).chain(fail.iter().map(|k| (k, false)));
+        for (key, should_succeed) in expected {
+            let key = key.clone();
             let (n, r) = (effects.remove(&key).unwrap_or(0), records.remove(&key).unwrap_or(0));
             match (n, r, should_succeed) {
                 (0, 0, _) => report.lost.push(key),
@@ -298,7 +433,7 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
                 (0, 1, false) => report.failure_record.push(key),
                 // Without enqueue dedupe, two messages with one failing key each fail and each
                 // leave a record; replaying either is safe, since the ledger lets one run.
-                (0, r, false) if r > 1 && !self.s.caps.enqueue_dedupe => report.failure_record.push(key),
+                (0, r, false) if r > 1 && !self.dedupe() => report.failure_record.push(key),
                 _ => report.unexpected.push(key),
             }
         }
@@ -327,26 +462,60 @@ macro_rules! ensure {
 }
 pub(crate) use ensure;
 
-/// How far a [`Frozen`] backend has frozen.
+/// What a [`Frozen`] backend does to one worker's calls: flags, set and cleared by the scenario.
 #[derive(Default)]
-pub(crate) struct Freeze(std::sync::atomic::AtomicU8);
+pub(crate) struct Freeze(AtomicU8);
 
 impl Freeze {
-    const CLAIMS: u8 = 1;
-    const ALL: u8 = 2;
-
     /// Claims started from now on never return; everything else works.
+    const CLAIMS: u8 = 1;
+    /// Renewals (lease renewals and ledger hold extensions) hang.
+    const RENEWALS: u8 = 2;
+    /// Every call hangs, as when the process is killed.
+    const ALL: u8 = 4;
+    /// The effect ledger refuses connections.
+    const LEDGER_DOWN: u8 = 8;
+    /// Every call hangs from the moment a failure record is written, before its alert.
+    const DIE_AFTER_RECORD: u8 = 16;
+
+    fn set(&self, flag: u8) {
+        self.0.fetch_or(flag, Ordering::SeqCst);
+    }
+
+    fn is(&self, flag: u8) -> bool {
+        self.0.load(Ordering::SeqCst) & flag != 0
+    }
+
     pub(crate) fn claims(&self) {
-        self.0.fetch_max(Self::CLAIMS, std::sync::atomic::Ordering::SeqCst);
+        self.set(Self::CLAIMS);
     }
 
-    /// Every call started from now on never returns, as when the process is killed.
+    pub(crate) fn renewals(&self) {
+        self.set(Self::RENEWALS);
+    }
+
     pub(crate) fn all(&self) {
-        self.0.fetch_max(Self::ALL, std::sync::atomic::Ordering::SeqCst);
+        self.set(Self::ALL);
     }
 
-    async fn wait_unless_below(&self, level: u8) {
-        if self.0.load(std::sync::atomic::Ordering::SeqCst) >= level {
+    pub(crate) fn is_dead(&self) -> bool {
+        self.is(Self::ALL)
+    }
+
+    pub(crate) fn ledger_down(&self, down: bool) {
+        if down {
+            self.set(Self::LEDGER_DOWN);
+        } else {
+            self.0.fetch_and(!Self::LEDGER_DOWN, Ordering::SeqCst);
+        }
+    }
+
+    pub(crate) fn die_after_record(&self) {
+        self.set(Self::DIE_AFTER_RECORD);
+    }
+
+    async fn hang_if(&self, flags: u8) {
+        if self.is(flags | Self::ALL) {
             std::future::pending::<()>().await;
         }
     }
@@ -368,11 +537,25 @@ impl<T> Frozen<T> {
     }
 
     async fn alive(&self) {
-        self.freeze.wait_unless_below(Freeze::ALL).await;
+        self.freeze.hang_if(0).await;
+    }
+
+    async fn ledger_up(&self) -> R<()> {
+        self.alive().await;
+        if self.freeze.is(Freeze::LEDGER_DOWN) {
+            return Err(Error::temporary("the effect ledger refused the connection"));
+        }
+        Ok(())
     }
 }
 
 type R<T> = redrive_core::Result<T>;
+
+impl<T: Backend> Backend for Frozen<T> {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
 
 impl<T: Enqueue> Enqueue for Frozen<T> {
     async fn enqueue(&self, job: NewJob) -> R<Enqueued> {
@@ -386,47 +569,144 @@ impl<T: Enqueue> Enqueue for Frozen<T> {
 }
 
 impl<T: Claim> Claim for Frozen<T> {
-    async fn claim(&self, max: usize, lease: Duration, wait: Duration) -> R<Vec<Claimed>> {
-        self.freeze.wait_unless_below(Freeze::CLAIMS).await;
-        self.inner.claim(max, lease, wait).await
+    async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> R<Vec<Claimed>> {
+        self.freeze.hang_if(Freeze::CLAIMS).await;
+        self.inner.claim(kinds, max, lease, wait).await
     }
-    async fn complete(&self, lease: &Lease) -> R<()> {
+    async fn complete(&self, lease: &Lease, result: Option<&serde_json::Value>) -> R<()> {
         self.alive().await;
-        self.inner.complete(lease).await
+        self.inner.complete(lease, result).await
     }
     async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> R<()> {
         self.alive().await;
         self.inner.retry(lease, delay, error).await
     }
-    async fn extend(&self, lease: &Lease, by: Duration) -> R<()> {
+    async fn defer(&self, lease: &Lease, delay: Duration) -> R<()> {
         self.alive().await;
-        self.inner.extend(lease, by).await
+        self.inner.defer(lease, delay).await
     }
     async fn release(&self, lease: &Lease) -> R<()> {
         self.alive().await;
         self.inner.release(lease).await
     }
-    async fn dead_letter(&self, job: &Claimed, error: &str) -> R<FailureRecord> {
+    async fn dead_letter(&self, job: &Claimed, error: &str) -> R<Option<FailureRecord>> {
         self.alive().await;
-        self.inner.dead_letter(job, error).await
+        let record = self.inner.dead_letter(job, error).await;
+        if self.freeze.is(Freeze::DIE_AFTER_RECORD) {
+            self.freeze.all();
+        }
+        record
+    }
+    fn renewal(&self) -> Option<&impl Renew> {
+        self.inner.renewal().map(|_| self)
+    }
+}
+
+impl<T: Claim> Renew for Frozen<T> {
+    async fn renew(&self, lease: &Lease, by: Duration) -> R<Lease> {
+        self.freeze.hang_if(Freeze::RENEWALS).await;
+        let renewal = self.inner.renewal().expect("offered only where the inner backend renews");
+        renewal.renew(lease, by).await
+    }
+}
+
+impl<T: DeadLetter> DeadLetter for Frozen<T> {
+    async fn list(&self, query: &FailureQuery) -> R<Vec<FailureRecord>> {
+        self.alive().await;
+        self.inner.list(query).await
+    }
+    async fn get(&self, id: &FailureId) -> R<FailureRecord> {
+        self.alive().await;
+        self.inner.get(id).await
+    }
+    async fn count_open(&self) -> R<u64> {
+        self.alive().await;
+        self.inner.count_open().await
+    }
+    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> R<()> {
+        self.alive().await;
+        self.inner.discard(id, reason, actor).await
+    }
+    async fn purge(&self, age: Duration) -> R<u64> {
+        self.alive().await;
+        self.inner.purge(age).await
     }
 }
 
 impl<T: Ledger> Ledger for Frozen<T> {
-    async fn begin(&self, key: &IdempotencyKey, payload: &serde_json::Value, hold: Duration) -> R<Begin> {
-        self.alive().await;
-        self.inner.begin(key, payload, hold).await
+    async fn begin(
+        &self,
+        key: &IdempotencyKey,
+        payload: &serde_json::Value,
+        provider_key: ProviderKey,
+        hold: Duration,
+    ) -> R<Begin> {
+        self.ledger_up().await?;
+        self.inner.begin(key, payload, provider_key, hold).await
     }
     async fn extend_hold(&self, hold: &Hold, by: Duration) -> R<()> {
-        self.alive().await;
+        self.freeze.hang_if(Freeze::RENEWALS).await;
+        self.ledger_up().await?;
         self.inner.extend_hold(hold, by).await
     }
     async fn release_hold(&self, hold: &Hold) -> R<()> {
-        self.alive().await;
+        self.ledger_up().await?;
         self.inner.release_hold(hold).await
     }
     async fn finish(&self, hold: &Hold, result: &serde_json::Value) -> R<()> {
-        self.alive().await;
+        self.ledger_up().await?;
         self.inner.finish(hold, result).await
+    }
+}
+
+/// Tracing output of every test in the process, searched for the texts registered with
+/// [`LogWatch::watch`] as it is written (nothing is kept).
+pub(crate) struct LogWatch {
+    texts: Mutex<Vec<(String, Arc<AtomicBool>)>>,
+}
+
+impl LogWatch {
+    /// The process's watch, installed as the global tracing subscriber on first use; `None` if
+    /// another subscriber was installed first.
+    pub(crate) fn get() -> Option<&'static LogWatch> {
+        static WATCH: OnceLock<Option<&'static LogWatch>> = OnceLock::new();
+        *WATCH.get_or_init(|| {
+            let watch: &'static LogWatch = Box::leak(Box::new(LogWatch { texts: Mutex::default() }));
+            // Everything redrive logs, down to trace; other crates (SDKs, drivers) at info.
+            let filter = tracing_subscriber::EnvFilter::new(
+                "info,redrive_core=trace,redrive_postgres=trace,redrive_sqs=trace,redrive_conformance=trace",
+            );
+            let subscriber = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_ansi(false)
+                .with_writer(move || WatchWriter(watch))
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).ok().map(|()| watch)
+        })
+    }
+
+    /// Starts looking for `text`; the flag turns true once a log line holds it.
+    pub(crate) fn watch(&self, text: &str) -> Arc<AtomicBool> {
+        let seen = Arc::new(AtomicBool::new(false));
+        self.texts.lock().unwrap().push((text.to_owned(), Arc::clone(&seen)));
+        seen
+    }
+}
+
+struct WatchWriter(&'static LogWatch);
+
+impl std::io::Write for WatchWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let line = String::from_utf8_lossy(buf);
+        for (text, seen) in self.0.texts.lock().unwrap().iter() {
+            if line.contains(text.as_str()) {
+                seen.store(true, Ordering::SeqCst);
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

@@ -1,11 +1,16 @@
 //! The conformance suite every redrive backend passes, and that you can run against your own.
 //!
 //! The behaviours, one public `async fn` each, every one taking a fresh [`Subject`]: the
-//! queue under test, the effect ledger it runs with, and its declared [`Capabilities`]
-//! (differences between backends are declared, never skipped). Each scenario keeps its own
-//! effect log with **no unique constraint**, so a duplicated effect shows, and ends by sorting
-//! every key into done once / failure record / lost / duplicated / unexpected ([`Report`]).
-//! It passes when nothing is lost, duplicated or unexpected, and the scenario's own checks hold.
+//! queue under test, the effect ledger it runs with, and the suite's [`Timing`]. What the
+//! backend can do is read from it ([`Backend::capabilities`](redrive_core::Backend)), never
+//! restated; differences between backends are declared, never skipped. Each scenario keeps its
+//! own effect log with **no unique constraint**, so a duplicated effect shows, and ends by
+//! sorting every key into done once / failure record / lost / duplicated / unexpected
+//! ([`Report`]). It passes when nothing is lost, duplicated or unexpected, and the scenario's own
+//! checks hold.
+//!
+//! The first fourteen are the promise under ordinary operation; the rest are the **fault half**:
+//! the same promise while renewals stall, the ledger is down, workers die or run only some kinds.
 //!
 //! | # | scenario | the invariant |
 //! |---|---|---|
@@ -23,6 +28,15 @@
 //! | 12 | [`graceful_shutdown`] | shutdown loses and duplicates nothing |
 //! | 13 | [`stranded_claims`] | a worker that dies strands its claimed-ahead jobs for the claim lease, not the lease |
 //! | 14 | [`slow_handler`] | a handler running 2.5× its lease, heartbeat on or off: one start, one effect |
+//! | 15 | [`stalled_heartbeat`] | renewals cannot get through for longer than a lease: one effect |
+//! | 16 | [`busy_never_dead_letters`] | a second delivery waiting behind a long handler: no attempt, no error, no record |
+//! | 17 | [`ledger_outage`] | the ledger refuses connections for several leases: every job once, attempts unspent |
+//! | 18 | [`provider_key_once`] | the first attempt dies after its call: the next one sends the same provider key |
+//! | 19 | [`mixed_kinds`] | two workers, each with some of the kinds: nothing dead-lettered, every job once |
+//! | 20 | [`crash_loop`] | a job that kills its worker, claimed with others: they finish, it ends as one record |
+//! | 21 | [`alert_delivery`] | a flaky sink, a worker killed after the record: one alert per record |
+//! | 22 | [`no_payload_in_logs`] | a canary in payloads that fail: in no log line, error or alert |
+//! | 23 | [`purge_forgets`] | after purge the payload is nowhere; re-enqueuing the key runs it once |
 //!
 //! # Running it against your backend
 //!
@@ -31,19 +45,19 @@
 //! `macros` and `rt-multi-thread` features) as a dev-dependency.
 //!
 //! ```
-//! use std::time::Duration;
-//! use redrive_conformance::{Capabilities, Subject};
+//! use redrive_conformance::{Subject, Timing};
 //! use redrive_core::MemoryBackend;
 //!
 //! async fn my_backend() -> Subject<MemoryBackend, MemoryBackend> {
 //!     // Replace with your backend, created fresh for each test.
 //!     let backend = MemoryBackend::new();
-//!     let caps = Capabilities {
-//!         enqueue_dedupe: true,
-//!         max_payload_bytes: backend.max_payload(),
-//!         ..Capabilities::default()
-//!     };
-//!     Subject { queue: backend.clone(), ledger: backend, caps }
+//!     let probe = backend.clone();
+//!     Subject::new(backend.clone(), backend, Timing::default())
+//!         // How `purge_forgets` looks into the backend's storage for a payload.
+//!         .storage(move |text| {
+//!             let probe = probe.clone();
+//!             async move { probe.holds_text(&text) }
+//!         })
 //! }
 //!
 //! // In tests/conformance.rs: one #[tokio::test] per scenario, named after it.
@@ -52,73 +66,92 @@
 //!
 //! Run one behaviour alone with `cargo test exhaust`.
 
+mod faults;
 mod harness;
 mod scenarios;
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-pub use harness::{Effect, PROBE_KIND, Probe};
+pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
 use redrive_core::{Claim, DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};
+pub use faults::*;
 pub use scenarios::*;
 
 /// What a queue must implement to be tested.
 pub trait Queue: Enqueue + Claim + DeadLetter + Replay + Clone + 'static {}
 impl<T: Enqueue + Claim + DeadLetter + Replay + Clone + 'static> Queue for T {}
 
-/// What a backend can and cannot do, declared rather than skipped.
+/// The suite's timing knobs, apart from what the backend declares it can do.
 #[derive(Debug, Clone)]
-pub struct Capabilities {
-    /// Enqueuing the same key again answers `Duplicate` (or `KeyConflict` for another
-    /// payload). Without it (SQS standard, Azure) both copies are delivered and the ledger
-    /// dedupes the effect.
-    pub enqueue_dedupe: bool,
-    /// The payload limit in bytes; one byte more must be refused at enqueue.
-    pub max_payload_bytes: usize,
+pub struct Timing {
     /// The lease the scenarios' workers use; shorter makes the suite faster, but it must be
     /// longer than one claim-to-settle round trip.
     pub lease: Duration,
-    /// The shortest lease the backend honours, for the expiry scenarios (SQS: 1 s).
-    pub short_lease: Duration,
     /// How long a scenario keeps watching after the expected state, to catch late
     /// duplicates. Keep it above `lease`.
     pub settle: Duration,
-    /// Deliveries are pushed to the worker (QStash) rather than pulled.
-    pub push_delivery: bool,
     /// Longest wait for a scenario's expected state.
     pub timeout: Duration,
 }
 
-impl Default for Capabilities {
+impl Default for Timing {
     fn default() -> Self {
-        Self {
-            enqueue_dedupe: true,
-            max_payload_bytes: MemoryBackend::DEFAULT_MAX_PAYLOAD,
-            lease: Duration::from_secs(1),
-            short_lease: Duration::from_millis(300),
-            settle: Duration::from_millis(1500),
-            push_delivery: false,
-            timeout: Duration::from_secs(30),
-        }
+        Self { lease: Duration::from_secs(1), settle: Duration::from_millis(1500), timeout: Duration::from_secs(30) }
     }
 }
 
+/// Whether a text appears anywhere the backend keeps data: how [`purge_forgets`] checks that a
+/// purged payload is gone.
+pub type Storage = Arc<dyn Fn(String) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+
 /// A backend under test: fresh, isolated storage for one scenario.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Subject<Q, L> {
     /// The queue (enqueue, claim, dead letters, replay).
     pub queue: Q,
     /// The effect ledger the worker uses (often the same backend).
     pub ledger: L,
-    /// What the backend declares.
-    pub caps: Capabilities,
+    /// The suite's timing.
+    pub timing: Timing,
+    /// A look into the backend's storage; [`purge_forgets`] fails without one.
+    pub storage: Option<Storage>,
+}
+
+impl<Q, L> Subject<Q, L> {
+    /// A subject on `queue` and `ledger`.
+    pub fn new(queue: Q, ledger: L, timing: Timing) -> Self {
+        Self { queue, ledger, timing, storage: None }
+    }
+
+    /// Says how to look for a text in the backend's storage (a payload left behind).
+    pub fn storage<F, Fut>(mut self, holds_text: F) -> Self
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = bool> + Send + 'static,
+    {
+        self.storage = Some(Arc::new(move |text| Box::pin(holds_text(text))));
+        self
+    }
+}
+
+impl<Q, L> fmt::Debug for Subject<Q, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subject").field("timing", &self.timing).finish_non_exhaustive()
+    }
 }
 
 /// The in-memory backend as a subject: the reference every other backend is held to.
 pub fn memory() -> Subject<MemoryBackend, MemoryBackend> {
     let backend = MemoryBackend::new();
-    let caps = Capabilities { max_payload_bytes: backend.max_payload(), ..Capabilities::default() };
-    Subject { queue: backend.clone(), ledger: backend, caps }
+    let probe = backend.clone();
+    Subject::new(backend.clone(), backend, Timing::default()).storage(move |text| {
+        let probe = probe.clone();
+        async move { probe.holds_text(&text) }
+    })
 }
 
 /// Where each key ended.
@@ -197,7 +230,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 14] = [
+pub const SCENARIOS: [&str; 23] = [
     "replay",
     "race",
     "exhaust",
@@ -212,6 +245,15 @@ pub const SCENARIOS: [&str; 14] = [
     "graceful_shutdown",
     "stranded_claims",
     "slow_handler",
+    "stalled_heartbeat",
+    "busy_never_dead_letters",
+    "ledger_outage",
+    "provider_key_once",
+    "mixed_kinds",
+    "crash_loop",
+    "alert_delivery",
+    "no_payload_in_logs",
+    "purge_forgets",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -220,7 +262,9 @@ pub const SCENARIOS: [&str; 14] = [
 macro_rules! suite {
     ($subject:expr) => {
         $crate::suite!(@each $subject; replay race exhaust recover key_conflict undecodable oversized
-            dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims slow_handler);
+            dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims slow_handler
+            stalled_heartbeat busy_never_dead_letters ledger_outage provider_key_once mixed_kinds crash_loop
+            alert_delivery no_payload_in_logs purge_forgets);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

@@ -4,12 +4,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redrive_core::{
-    Begin, ErrorKind, FailureQuery, Ledger, NewJob, RecordState, ReplayExt, ReplayOutcome, WorkerConfig,
+    Begin, Claim, ErrorKind, FailureQuery, Kinds, Lease, Ledger, NewJob, ProviderKey, RecordState, Renew, ReplayExt,
+    ReplayOutcome, WorkerConfig,
 };
 use serde_json::json;
 
 use crate::harness::{Fault, Freeze, Frozen, Probe, Run, ensure};
 use crate::{Outcome, Queue, Subject};
+
+/// Renews `lease` where the queue can; a queue without renewal cannot be asked to.
+async fn renew<Q: Claim>(queue: &Q, lease: &Lease, by: Duration) -> redrive_core::Result<()> {
+    match queue.renewal() {
+        Some(renewal) => renewal.renew(lease, by).await.map(|_| ()),
+        None => Err(redrive_core::Error::new(ErrorKind::LeaseLost, "no renewal")),
+    }
+}
 
 /// Behaviour 1: The same job enqueued twice with one key gives one effect.
 pub async fn replay<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
@@ -18,7 +27,7 @@ pub async fn replay<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L
     let first = run.must("first enqueue", run.s.queue.enqueue(job.new_job()).await)?;
     let second = run.must("second enqueue", run.s.queue.enqueue(job.new_job()).await)?;
     ensure!(run, first.is_created(), "the first enqueue should create the job, got {first:?}");
-    if run.s.caps.enqueue_dedupe {
+    if run.dedupe() {
         ensure!(
             run,
             !second.is_created() && second.id() == first.id(),
@@ -27,7 +36,7 @@ pub async fn replay<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L
     }
     let worker = run.worker(2);
     run.wait_for_effects(1).await?;
-    if !run.s.caps.enqueue_dedupe {
+    if !run.dedupe() {
         // The second delivery waits out the first one's hold, then finds the effect done.
         run.wait_for("the second delivery's skip", || {
             let skipped = worker.stats().skipped;
@@ -37,7 +46,7 @@ pub async fn replay<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L
     }
     run.settle().await;
     let stats = worker.shutdown().await;
-    if !run.s.caps.enqueue_dedupe {
+    if !run.dedupe() {
         ensure!(run, stats.skipped == 1, "the second delivery should be skipped by the ledger; stats {stats:?}");
     }
     run.report(&[1], &[]).await
@@ -51,8 +60,8 @@ pub async fn race<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>)
     let key = Probe::key(900);
     let payload = json!({"id": 900});
     let (a, b) = tokio::join!(
-        run.s.ledger.begin(&key, &payload, run.s.caps.lease),
-        run.s.ledger.begin(&key, &payload, run.s.caps.lease)
+        run.s.ledger.begin(&key, &payload, ProviderKey::mint(), run.s.timing.lease),
+        run.s.ledger.begin(&key, &payload, ProviderKey::mint(), run.s.timing.lease)
     );
     let (a, b) = (run.must("ledger begin", a)?, run.must("ledger begin", b)?);
     let holders = [&a, &b].iter().filter(|r| matches!(r, Begin::Fresh(_) | Begin::Resumed(_))).count();
@@ -204,7 +213,7 @@ pub async fn key_conflict<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
     let changed = Probe { body: "another payload".into(), ..original.clone() };
     run.must("enqueue", run.s.queue.enqueue(original.new_job()).await)?;
     let second = run.s.queue.enqueue(changed.new_job()).await;
-    if run.s.caps.enqueue_dedupe {
+    if run.dedupe() {
         ensure!(
             run,
             second.as_ref().is_err_and(|e| e.kind() == ErrorKind::KeyConflict),
@@ -215,7 +224,7 @@ pub async fn key_conflict<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
     }
     let worker = run.worker(2);
     run.wait_for_effects(1).await?;
-    if !run.s.caps.enqueue_dedupe {
+    if !run.dedupe() {
         run.wait_for_records(1).await?;
     }
     run.settle().await;
@@ -223,7 +232,7 @@ pub async fn key_conflict<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
     let effects = run.script.effects_of(&Probe::key(6));
     ensure!(run, effects.len() == 1, "one effect expected, got {}", effects.len());
     let records = run.open_records().await?;
-    if run.s.caps.enqueue_dedupe {
+    if run.dedupe() {
         ensure!(run, effects[0].body == original.body, "the original payload should win");
         ensure!(run, records.is_empty(), "nothing should be dead-lettered");
         return run.report(&[6], &[]).await;
@@ -271,7 +280,7 @@ pub async fn undecodable<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject
 /// in a batch.
 pub async fn oversized<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("oversized", subject);
-    let limit = run.s.caps.max_payload_bytes;
+    let limit = run.caps.max_payload;
     let exact = Probe { id: 8, body: String::new() };
     let overhead = exact.new_job().payload_len();
     let big = Probe { id: 8, body: "x".repeat(limit + 1 - overhead) };
@@ -291,11 +300,11 @@ pub async fn oversized<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q
     // Half the limit leaves room for a message backend's envelope and attributes.
     let fits = Probe { id: 10, body: "x".repeat(limit / 2) };
     run.must("enqueue under the limit", run.s.queue.enqueue(fits.new_job()).await)?;
-    let claimed = run.must("claim", run.s.queue.claim(10, run.s.caps.lease, run.s.caps.short_lease).await)?;
+    let claimed = run.must("claim", run.s.queue.claim(&Kinds::Any, 10, run.s.timing.lease, run.short_lease()).await)?;
     let ids: Vec<_> = claimed.iter().map(|c| c.job.key.clone()).collect();
     ensure!(run, ids == [Probe::key(10)], "only the job under the limit should be on the queue, found {ids:?}");
     for c in &claimed {
-        run.must("complete", run.s.queue.complete(&c.lease).await)?;
+        run.must("complete", run.s.queue.complete(&c.lease, None).await)?;
     }
     Ok(crate::Report::default())
 }
@@ -306,10 +315,13 @@ pub async fn dead_worker<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject
     let run = Run::new("dead_worker", subject);
     let job = Probe::new(11).new_job();
     run.must("enqueue", run.s.queue.enqueue(job.clone()).await)?;
-    let lease = run.s.caps.short_lease;
-    let mut held = run.must("claim", run.s.queue.claim(1, lease, run.s.caps.timeout).await)?;
+    let lease = run.short_lease();
+    let mut held = run.must("claim", run.s.queue.claim(&Kinds::Any, 1, lease, run.s.timing.timeout).await)?;
     ensure!(run, held.len() == 1, "the job should be claimable");
-    let begin = run.must("ledger begin", run.s.ledger.begin(&job.key, &job.payload, lease).await)?;
+    // Its handler starts: the lease is renewed, which marks the attempt started (and charged).
+    run.must("renew", renew(&run.s.queue, &held[0].lease, lease).await)?;
+    let begin =
+        run.must("ledger begin", run.s.ledger.begin(&job.key, &job.payload, job.provider_key, lease).await)?;
     ensure!(run, matches!(begin, Begin::Fresh(_)), "the dying worker should hold the key fresh, got {begin:?}");
     drop(held.pop()); // the worker dies: nothing settles the job
 
@@ -328,22 +340,24 @@ pub async fn dead_worker<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject
 pub async fn stale_lease<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("stale_lease", subject);
     let q = &run.s.queue;
-    let lease = run.s.caps.short_lease;
+    let lease = run.short_lease();
     run.must("enqueue", q.enqueue(Probe::new(12).new_job()).await)?;
     let stale = run
-        .must("claim", q.claim(1, lease, run.s.caps.timeout).await)?
+        .must("claim", q.claim(&Kinds::Any, 1, lease, run.s.timing.timeout).await)?
         .pop()
         .ok_or_else(|| run.fail("nothing claimed"))?;
+    // Its handler starts (so the lapse charges the attempt), then stalls past the lease.
+    run.must("renew", renew(q, &stale.lease, lease).await)?;
     tokio::time::sleep(lease + Duration::from_millis(50)).await;
     let current = run
-        .must("re-claim", q.claim(1, run.s.caps.lease * 10, run.s.caps.timeout).await)?
+        .must("re-claim", q.claim(&Kinds::Any, 1, run.s.timing.lease * 10, run.s.timing.timeout).await)?
         .pop()
         .ok_or_else(|| run.fail("the expired lease was not re-claimable"))?;
     ensure!(run, current.job.attempt == 2, "the re-claim should be attempt 2, is {}", current.job.attempt);
     let refused = [
-        ("complete", q.complete(&stale.lease).await),
+        ("complete", q.complete(&stale.lease, None).await),
         ("retry", q.retry(&stale.lease, Duration::ZERO, "stale").await),
-        ("extend", q.extend(&stale.lease, lease).await),
+        ("renew", renew(q, &stale.lease, lease).await),
         ("dead_letter", q.dead_letter(&stale, "stale").await.map(|_| ())),
     ];
     for (call, result) in refused {
@@ -354,8 +368,8 @@ pub async fn stale_lease<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject
         );
     }
     ensure!(run, run.must("count", q.count_open().await)? == 0, "a stale dead-letter must not write a record");
-    run.must("complete with the current lease", q.complete(&current.lease).await)?;
-    let left = run.must("claim", q.claim(1, lease, lease).await)?;
+    run.must("complete with the current lease", q.complete(&current.lease, None).await)?;
+    let left = run.must("claim", q.claim(&Kinds::Any, 1, lease, lease).await)?;
     ensure!(run, left.is_empty(), "a completed job should not come back");
     Ok(crate::Report::default())
 }
@@ -475,7 +489,7 @@ pub async fn graceful_shutdown<Q: Queue, L: Ledger + Clone + 'static>(subject: S
     };
 
     // Within the grace: the two running handlers finish.
-    let patient = run.worker_with(2, run.s.caps.lease, Duration::from_secs(30));
+    let patient = run.worker_with(2, run.s.timing.lease, Duration::from_secs(30));
     run.wait_for("two handlers to start", started(2)).await?;
     let stats = patient.shutdown().await;
     ensure!(
@@ -514,7 +528,7 @@ pub async fn stranded_claims<Q: Queue, L: Ledger + Clone + 'static>(subject: Sub
 
     // One handler, a claim lease of one unit and a full lease of eight: the jobs before the hung
     // one teach the worker that jobs are quick, so it claims whole batches ahead of the handler.
-    let unit = run.s.caps.lease;
+    let unit = run.s.timing.lease;
     let config = WorkerConfig { claim_lease: unit, batch: 8, ..run.config(1, unit * 8, Duration::ZERO) };
     let freeze = Arc::new(Freeze::default());
     let dying = run.start_worker_on(
@@ -574,7 +588,7 @@ pub async fn stranded_claims<Q: Queue, L: Ledger + Clone + 'static>(subject: Sub
 pub async fn slow_handler<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("slow_handler", subject);
     // Twice the subject's lease, so that a renewal late by a moment under load is not a lapse.
-    let unit = run.s.caps.lease * 2;
+    let unit = run.s.timing.lease * 2;
     run.script.delay(unit * 5 / 2);
     let ids = [50, 51];
     for (id, heartbeat) in ids.into_iter().zip([true, false]) {

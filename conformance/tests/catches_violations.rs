@@ -1,18 +1,25 @@
 //! The suite is only worth something if it fails on a broken backend. These wrap the in-memory
-//! backend with a fault and check that the scenario reports it.
+//! backend with faults and check that each scenario reports them.
+//!
+//! `stalled_heartbeat` has no broken backend here: whatever a backend does with a renewal that
+//! hangs, the worker cancels the handler before its hold lapses, so what it checks is the worker
+//! (`core/src/worker/tests.rs` breaks that on purpose).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redrive_conformance::{Capabilities, Subject};
+use redrive_conformance::{Subject, Timing};
 use redrive_core::{
-    Begin, Claim, Claimed, DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery, FailureRecord, Hold, IdempotencyKey,
-    Lease, Ledger, MemoryBackend, NewJob, Replay, ReplayOutcome, Result,
+    Backend, Begin, Capabilities, Claim, Claimed, DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery,
+    FailureRecord, Hold, IdempotencyKey, Kinds, Lease, Ledger, MemoryBackend, NewJob, ProviderKey, Renew, Replay,
+    ReplayOutcome, Result,
 };
 use serde_json::Value;
 
-/// The in-memory backend with one fault.
+/// The in-memory backend with some faults, and the jobs it handed out (by lease token).
 #[derive(Clone)]
-struct Broken(MemoryBackend, Fault);
+struct Broken(MemoryBackend, &'static [Fault], Arc<Mutex<HashMap<String, Claimed>>>);
 
 #[derive(Clone, Copy, PartialEq)]
 enum Fault {
@@ -22,8 +29,40 @@ enum Fault {
     /// Claims ignore the lease asked for and hold jobs eight times as long, as a backend with a
     /// fixed visibility timeout would.
     FixedLease,
+    /// Claims and renewals hold jobs a quarter of the time asked: jobs come back while they run.
+    ShortLease,
     /// The ledger's holds cannot be extended: a key is held for the first lease only.
     HoldNotExtended,
+    /// A deferral is a failed attempt: it counts, and writes an error.
+    DeferIsRetry,
+    /// A deferral ends the job as a failure record.
+    DeferDeadLetters,
+    /// Claims take every kind, whatever the worker asked for.
+    IgnoresKinds,
+    /// A renewal extends nothing and never marks the job started: every lapse is refunded.
+    RenewalsLie,
+    /// A resumed key gets a provider key of its own.
+    NewProviderKeyOnResume,
+    /// The failure record's error quotes the payload.
+    ErrorQuotesPayload,
+    /// `purge` answers as if it had deleted, and deletes nothing.
+    PurgeKeepsAll,
+}
+
+impl Broken {
+    fn new(backend: MemoryBackend, faults: &'static [Fault]) -> Self {
+        Self(backend, faults, Arc::default())
+    }
+
+    fn has(&self, fault: Fault) -> bool {
+        self.1.contains(&fault)
+    }
+}
+
+impl Backend for Broken {
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
 }
 
 impl Enqueue for Broken {
@@ -36,27 +75,60 @@ impl Enqueue for Broken {
 }
 
 impl Claim for Broken {
-    async fn claim(&self, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
-        let lease = if self.1 == Fault::FixedLease { lease * 8 } else { lease };
-        self.0.claim(max, lease, wait).await
+    async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+        let lease = match () {
+            () if self.has(Fault::FixedLease) => lease * 8,
+            () if self.has(Fault::ShortLease) => lease / 4,
+            () => lease,
+        };
+        let kinds = if self.has(Fault::IgnoresKinds) { &Kinds::Any } else { kinds };
+        let claimed = self.0.claim(kinds, max, lease, wait).await?;
+        let mut handed = self.2.lock().unwrap();
+        for c in &claimed {
+            handed.insert(c.lease.token.clone(), c.clone());
+        }
+        Ok(claimed)
     }
-    async fn complete(&self, lease: &Lease) -> Result<()> {
-        if self.1 == Fault::AckLost {
+    async fn complete(&self, lease: &Lease, result: Option<&Value>) -> Result<()> {
+        if self.has(Fault::AckLost) {
             return Ok(());
         }
-        self.0.complete(lease).await
+        self.0.complete(lease, result).await
     }
     async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
         self.0.retry(lease, delay, error).await
     }
-    async fn extend(&self, lease: &Lease, by: Duration) -> Result<()> {
-        self.0.extend(lease, by).await
+    async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        if self.has(Fault::DeferIsRetry) {
+            return self.0.retry(lease, delay, "deferred").await;
+        }
+        if self.has(Fault::DeferDeadLetters) {
+            let claimed = self.2.lock().unwrap().get(&lease.token).cloned().expect("a job claimed here");
+            return self.0.dead_letter(&claimed, "deferred").await.map(|_| ());
+        }
+        self.0.defer(lease, delay).await
     }
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.0.release(lease).await
     }
-    async fn dead_letter(&self, job: &Claimed, error: &str) -> Result<FailureRecord> {
+    async fn dead_letter(&self, job: &Claimed, error: &str) -> Result<Option<FailureRecord>> {
+        if self.has(Fault::ErrorQuotesPayload) {
+            return self.0.dead_letter(job, &format!("{error}: {}", job.job.payload)).await;
+        }
         self.0.dead_letter(job, error).await
+    }
+    fn renewal(&self) -> Option<&impl Renew> {
+        Some(self)
+    }
+}
+
+impl Renew for Broken {
+    async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
+        if self.has(Fault::RenewalsLie) {
+            return Ok(lease.clone());
+        }
+        let by = if self.has(Fault::ShortLease) { by / 4 } else { by };
+        self.0.renew(lease, by).await
     }
 }
 
@@ -74,6 +146,9 @@ impl DeadLetter for Broken {
         self.0.discard(id, reason, actor).await
     }
     async fn purge(&self, age: Duration) -> Result<u64> {
+        if self.has(Fault::PurgeKeepsAll) {
+            return Ok(self.0.list(&FailureQuery::default()).await?.len() as u64);
+        }
         self.0.purge(age).await
     }
 }
@@ -85,11 +160,17 @@ impl Replay for Broken {
 }
 
 impl Ledger for Broken {
-    async fn begin(&self, key: &IdempotencyKey, payload: &Value, hold: Duration) -> Result<Begin> {
-        self.0.begin(key, payload, hold).await
+    async fn begin(&self, key: &IdempotencyKey, payload: &Value, provider_key: ProviderKey, hold: Duration) -> Result<Begin> {
+        let begin = self.0.begin(key, payload, provider_key, hold).await?;
+        Ok(match begin {
+            Begin::Resumed(hold) if self.has(Fault::NewProviderKeyOnResume) => {
+                Begin::Resumed(Hold { provider_key: ProviderKey::mint(), ..hold })
+            }
+            other => other,
+        })
     }
     async fn extend_hold(&self, hold: &Hold, by: Duration) -> Result<()> {
-        if self.1 == Fault::HoldNotExtended {
+        if self.has(Fault::HoldNotExtended) {
             return Ok(());
         }
         self.0.extend_hold(hold, by).await
@@ -107,8 +188,8 @@ impl Ledger for Broken {
 struct Amnesiac;
 
 impl Ledger for Amnesiac {
-    async fn begin(&self, key: &IdempotencyKey, _payload: &Value, _hold: Duration) -> Result<Begin> {
-        Ok(Begin::Fresh(Hold { key: key.clone(), token: "any".into() }))
+    async fn begin(&self, key: &IdempotencyKey, _payload: &Value, provider_key: ProviderKey, _hold: Duration) -> Result<Begin> {
+        Ok(Begin::Fresh(Hold { key: key.clone(), token: "any".into(), provider_key, lease: None }))
     }
     async fn extend_hold(&self, _hold: &Hold, _by: Duration) -> Result<()> {
         Ok(())
@@ -121,14 +202,24 @@ impl Ledger for Amnesiac {
     }
 }
 
-fn caps() -> Capabilities {
-    Capabilities { lease: Duration::from_millis(300), settle: Duration::from_millis(1200), ..Capabilities::default() }
+fn timing() -> Timing {
+    Timing { lease: Duration::from_millis(300), settle: Duration::from_millis(1200), ..Timing::default() }
+}
+
+/// The memory backend broken by `faults`, as queue and ledger.
+fn broken(faults: &'static [Fault], timing: Timing) -> Subject<Broken, Broken> {
+    let backend = Broken::new(MemoryBackend::new(), faults);
+    let probe = backend.0.clone();
+    Subject::new(backend.clone(), backend, timing).storage(move |text| {
+        let probe = probe.clone();
+        async move { probe.holds_text(&text) }
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_acks_without_a_ledger_are_caught_as_duplicated() {
-    let queue = Broken(MemoryBackend::new(), Fault::AckLost);
-    let violation = redrive_conformance::replay(Subject { queue, ledger: Amnesiac, caps: caps() }).await.unwrap_err();
+    let queue = Broken::new(MemoryBackend::new(), &[Fault::AckLost]);
+    let violation = redrive_conformance::replay(Subject::new(queue, Amnesiac, timing())).await.unwrap_err();
     let report = violation.report.expect("the scenario got as far as the key sort");
     assert_eq!(
         report.duplicated,
@@ -140,8 +231,8 @@ async fn lost_acks_without_a_ledger_are_caught_as_duplicated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ledger_alone_keeps_lost_acks_to_one_effect() {
     let backend = MemoryBackend::new();
-    let queue = Broken(backend.clone(), Fault::AckLost);
-    let report = redrive_conformance::replay(Subject { queue, ledger: backend, caps: caps() }).await.unwrap();
+    let queue = Broken::new(backend.clone(), &[Fault::AckLost]);
+    let report = redrive_conformance::replay(Subject::new(queue, backend, timing())).await.unwrap();
     assert_eq!(report.done_once.len(), 1);
 }
 
@@ -149,24 +240,82 @@ async fn the_ledger_alone_keeps_lost_acks_to_one_effect() {
 async fn a_ledger_that_forgets_fails_the_race() {
     let backend = MemoryBackend::new();
     let violation =
-        redrive_conformance::race(Subject { queue: backend, ledger: Amnesiac, caps: caps() }).await.unwrap_err();
+        redrive_conformance::race(Subject::new(backend, Amnesiac, timing())).await.unwrap_err();
     assert!(violation.message.contains("exactly one racing attempt"), "{violation}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_holds_claims_for_the_whole_lease_fails_stranded_claims() {
     let backend = MemoryBackend::new();
-    let queue = Broken(backend.clone(), Fault::FixedLease);
-    let caps = Capabilities { lease: Duration::from_millis(500), ..caps() };
-    let violation = redrive_conformance::stranded_claims(Subject { queue, ledger: backend, caps }).await.unwrap_err();
+    let queue = Broken::new(backend.clone(), &[Fault::FixedLease]);
+    let timing = Timing { lease: Duration::from_millis(500), ..timing() };
+    let violation = redrive_conformance::stranded_claims(Subject::new(queue, backend, timing)).await.unwrap_err();
     assert!(violation.message.contains("claimed ahead and never started"), "{violation}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ledger_whose_holds_lapse_under_a_slow_handler_fails_slow_handler() {
     let backend = MemoryBackend::new();
-    let ledger = Broken(backend.clone(), Fault::HoldNotExtended);
-    let caps = Capabilities { lease: Duration::from_secs(1), ..caps() };
-    let violation = redrive_conformance::slow_handler(Subject { queue: backend, ledger, caps }).await.unwrap_err();
+    let ledger = Broken::new(backend.clone(), &[Fault::HoldNotExtended]);
+    let timing = Timing { lease: Duration::from_secs(1), ..timing() };
+    let violation = redrive_conformance::slow_handler(Subject::new(backend, ledger, timing)).await.unwrap_err();
     assert!(violation.message.contains("with the heartbeat off, the slow handler started"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferrals_that_count_as_attempts_fail_busy_never_dead_letters() {
+    // Short leases make the running job come back to the second worker, which must wait.
+    let subject = broken(&[Fault::ShortLease, Fault::DeferIsRetry], timing());
+    let violation = redrive_conformance::busy_never_dead_letters(subject).await.unwrap_err();
+    // The waiting delivery spent its attempts: it ends as a record (or never runs).
+    assert!(violation.to_string().contains("record") || violation.message.contains("effects"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferrals_that_count_as_attempts_fail_ledger_outage() {
+    let violation = redrive_conformance::ledger_outage(broken(&[Fault::DeferIsRetry], timing())).await.unwrap_err();
+    // Attempts spent on the outage: jobs (cap 2) end as records and never run.
+    assert!(violation.message.contains("spend no attempt") || violation.message.contains("effects"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_that_mints_a_new_provider_key_fails_provider_key_once() {
+    let subject = broken(&[Fault::NewProviderKeyOnResume], timing());
+    let violation = redrive_conformance::provider_key_once(subject).await.unwrap_err();
+    assert!(violation.message.contains("one provider key"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_every_kind_whose_deferral_dead_letters_fail_mixed_kinds() {
+    let subject = broken(&[Fault::IgnoresKinds, Fault::DeferDeadLetters], timing());
+    let violation = redrive_conformance::mixed_kinds(subject).await.unwrap_err();
+    // The other workers' jobs end as records: they never run.
+    assert!(violation.message.contains("effects") || violation.message.contains("records"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_refunds_every_crash_fails_crash_loop() {
+    let violation = redrive_conformance::crash_loop(broken(&[Fault::RenewalsLie], timing())).await.unwrap_err();
+    assert!(violation.message.contains("should end as a record"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_that_forgets_sent_alerts_fails_alert_delivery() {
+    let backend = MemoryBackend::new();
+    let violation =
+        redrive_conformance::alert_delivery(Subject::new(backend, Amnesiac, timing())).await.unwrap_err();
+    assert!(violation.message.contains("one alert per record"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_quoting_the_payload_fails_no_payload_in_logs() {
+    let subject = broken(&[Fault::ErrorQuotesPayload], timing());
+    let violation = redrive_conformance::no_payload_in_logs(subject).await.unwrap_err();
+    assert!(violation.message.contains("quotes the payload") || violation.message.contains("log"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_that_keeps_payloads_fails_purge_forgets() {
+    let violation = redrive_conformance::purge_forgets(broken(&[Fault::PurgeKeepsAll], timing())).await.unwrap_err();
+    assert!(violation.message.contains("nowhere"), "{violation}");
 }

@@ -557,6 +557,7 @@ mod tests {
         let b = MemoryBackend::new();
         b.enqueue(job(1)).await.unwrap();
         let stale = b.claim(&Kinds::Any, 1, LEASE, Duration::ZERO).await.unwrap().remove(0);
+        b.renew(&stale.lease, LEASE).await.unwrap(); // its handler started
         assert!(b.claim(&Kinds::Any, 1, LEASE, Duration::ZERO).await.unwrap().is_empty(), "held while the lease runs");
         let fresh = b.claim(&Kinds::Any, 1, LEASE, LEASE * 4).await.unwrap().remove(0);
         assert_eq!(fresh.job.attempt, 2, "attempts are counted at claim");
@@ -570,6 +571,19 @@ mod tests {
         }
         b.complete(&fresh.lease, None).await.unwrap();
         assert_eq!(b.count_open().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_claim_that_lapses_before_its_handler_started_costs_no_attempt() {
+        let b = MemoryBackend::new();
+        b.enqueue(job(1)).await.unwrap();
+        let stranded = b.claim(&Kinds::Any, 1, LEASE, Duration::ZERO).await.unwrap().remove(0);
+        assert_eq!((stranded.job.attempt, stranded.job.stranded), (1, 0));
+        let again = b.claim(&Kinds::Any, 1, LEASE, LEASE * 4).await.unwrap().remove(0);
+        assert_eq!((again.job.attempt, again.job.stranded), (1, 1), "refunded, and counted as stranded");
+        b.defer(&again.lease, Duration::ZERO).await.unwrap();
+        let deferred = b.claim(&Kinds::Any, 1, LEASE, LEASE).await.unwrap().remove(0);
+        assert_eq!(deferred.job.attempt, 1, "a deferral costs no attempt");
     }
 
     #[tokio::test]

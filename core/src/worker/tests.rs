@@ -1,6 +1,8 @@
 //! The worker's own tests, on the in-memory backend.
 use std::sync::Mutex;
 
+use tokio::time::Instant;
+
 use serde::Deserialize;
 use serde_json::json;
 
