@@ -8,7 +8,10 @@
 -- `ready_at` is each job's run_at before the claim cleared it.
 --
 -- $4 is the kinds the worker has handlers for (NULL: any); a job of another kind stays for a worker
--- that has one. `started` is cleared: a claim that lapses before its handler starts is refunded.
+-- that has one. The kinds come through `ARRAY(SELECT …)` for the reason completions do: given the
+-- values, a planner whose statistics do not know a kind (a new one, a rare one) expects no row to
+-- match, and sorts the whole backlog instead of reading the ready index in order. `started` is
+-- cleared: a claim that lapses before its handler starts is refunded.
 --
 -- {limit} is written into the text, one prepared statement per batch size, rather than bound: with
 -- a bound LIMIT the generic plan assumes a tenth of the table, looks dearer than a custom plan,
@@ -16,7 +19,7 @@
 WITH picked AS MATERIALIZED (
     SELECT id, run_at FROM {schema}.jobs
     WHERE run_at <= now() AND (run_at, id) > (coalesce($2, '-infinity'::timestamptz), coalesce($3, 0::bigint))
-      AND ($4::text[] IS NULL OR kind = ANY($4::text[]))
+      AND ($4::text[] IS NULL OR kind = ANY(ARRAY(SELECT unnest($4::text[]))))
     ORDER BY run_at, id
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED

@@ -4,8 +4,10 @@
 -- version that is locked (a job completed or extended meanwhile is left alone: River #1302). The
 -- horizon is the database's clock, not the worker's.
 --
--- A claim whose handler never started (its worker died with it claimed ahead) gives its attempt
--- and claim back and counts as stranded; one that started keeps them, and its error says why.
+-- A claim that was never renewed (its worker died with it claimed ahead) gives its attempt back
+-- and counts as stranded; one that was renewed keeps it, and its error says why. The claim count
+-- stays either way: a handler may have started before its first renewal, so the next attempt is
+-- told an earlier one may be pending.
 WITH expired AS MATERIALIZED (
     SELECT id FROM {schema}.jobs
     WHERE locked_until < now()
@@ -16,7 +18,6 @@ WITH expired AS MATERIALIZED (
 UPDATE {schema}.jobs
 SET status = 'queued', run_at = now(), lease_token = NULL, locked_until = NULL, updated_at = now(),
     attempts = attempts - (NOT started)::int,
-    claims = claims - (NOT started)::int,
     stranded = stranded + (NOT started)::int,
     last_error = CASE WHEN started THEN 'lease expired: the worker stopped without settling the job'
                       ELSE last_error END

@@ -1,14 +1,35 @@
-//! The whole conformance suite against a real PostgreSQL, each scenario in its own schema.
+//! The whole conformance suite, both halves, against a real PostgreSQL, each scenario in its
+//! own schema.
 
 mod common;
 
-use redrive_conformance::{Capabilities, Subject};
+use redrive_conformance::{Subject, Timing};
 use redrive_postgres::PgBackend;
+use sqlx::AssertSqlSafe;
 
 async fn postgres() -> Subject<PgBackend, PgBackend> {
     let backend = common::backend("conf").await;
-    let caps = Capabilities { enqueue_dedupe: true, max_payload_bytes: 1024 * 1024, ..Capabilities::default() };
-    Subject { queue: backend.clone(), ledger: backend, caps }
+    let (pool, schema) = (backend.pool().clone(), backend.schema().to_owned());
+    Subject::new(backend.clone(), backend, Timing::default()).storage(move |text| {
+        let (pool, schema) = (pool.clone(), schema.clone());
+        async move { holds_text(&pool, &schema, &text).await }
+    })
+}
+
+/// Whether `text` is in any row of any of the schema's tables, read as text.
+async fn holds_text(pool: &sqlx::PgPool, schema: &str, text: &str) -> bool {
+    let tables = ["jobs", "job_keys", "failed_jobs", "processed_keys", "applied_effects"];
+    let query = tables
+        .iter()
+        .map(|t| format!("SELECT 1 FROM \"{schema}\".{t} AS r WHERE strpos(r::text, $1) > 0"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let found = sqlx::query(AssertSqlSafe(format!("SELECT EXISTS ({query})")))
+        .bind(text)
+        .fetch_one(pool)
+        .await
+        .expect("the storage probe reads every table");
+    sqlx::Row::get(&found, 0)
 }
 
 redrive_conformance::suite!(postgres());

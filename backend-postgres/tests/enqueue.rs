@@ -55,7 +55,7 @@ async fn a_batch_creates_each_key_once_in_order_and_skips_existing_keys() {
     assert_eq!(jobs, 3, "one job row per key");
 
     // Jobs run in the order they were enqueued.
-    let claimed = backend.claim(10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    let claimed = backend.claim(&redrive_core::Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     let orders: Vec<u64> = claimed.iter().map(|c| c.job.payload["order"].as_u64().unwrap()).collect();
     assert_eq!(orders, [1, 3, 2]);
 }
@@ -82,10 +82,10 @@ async fn pruning_done_jobs_frees_their_keys_and_leaves_the_rest() {
     for order in 1..=3 {
         backend.enqueue(receipt(order, "r")).await.unwrap();
     }
-    let claimed = backend.claim(10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    let claimed = backend.claim(&redrive_core::Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     assert_eq!(claimed.len(), 3);
     for job in claimed.iter().filter(|c| c.job.payload["order"] != 3) {
-        backend.complete(&job.lease).await.unwrap();
+        backend.complete(&job.lease, None).await.unwrap();
     }
 
     assert_eq!(backend.prune_done(Duration::from_secs(3600)).await.unwrap(), 0, "nothing is an hour old");
@@ -105,14 +105,14 @@ async fn counts_follow_jobs_from_queued_to_running_to_done() {
         backend.enqueue(receipt(order, "r")).await.unwrap();
     }
     assert_eq!(backend.counts().await.unwrap(), Counts { queued: 3, running: 0 });
-    let claimed = backend.claim(2, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    let claimed = backend.claim(&redrive_core::Kinds::Any, 2, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     assert_eq!(backend.counts().await.unwrap(), Counts { queued: 1, running: 2 });
     backend.retry(&claimed[0].lease, Duration::from_secs(60), "later").await.unwrap();
-    backend.complete(&claimed[1].lease).await.unwrap();
+    backend.complete(&claimed[1].lease, None).await.unwrap();
     let left = backend.wait_until_drained(Duration::from_millis(200)).await.unwrap();
     assert_eq!(left, Counts { queued: 2, running: 0 }, "a job waiting out its retry delay is queued");
-    let last = backend.claim(10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    let last = backend.claim(&redrive_core::Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     assert_eq!(last.len(), 1);
-    backend.complete(&last[0].lease).await.unwrap();
+    backend.complete(&last[0].lease, None).await.unwrap();
     assert_eq!(backend.counts().await.unwrap(), Counts { queued: 1, running: 0 });
 }

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redrive_core::{
-    Alert, AlertSink, Claim, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder,
-    NewJob, RunningWorker, Worker, WorkerConfig,
+    Alert, AlertSink, Claim, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, Kinds,
+    NewJob, Renew, RunningWorker, Worker, WorkerConfig,
 };
 use redrive_postgres::{EffectOnce, PgBackend, PgConfig};
 use serde::{Deserialize, Serialize};
@@ -240,7 +240,7 @@ async fn fifty_racing_transactional_enqueues_of_one_key_leave_one_job_if_any_com
     }
     assert!(
         backend
-            .claim(10, Duration::from_secs(5), Duration::ZERO)
+            .claim(&Kinds::Any, 10, Duration::from_secs(5), Duration::ZERO)
             .await
             .unwrap()
             .iter()
@@ -261,7 +261,7 @@ async fn a_job_enqueued_in_a_transaction_exists_only_if_it_commits() {
         if commit { tx.commit().await.unwrap() } else { tx.rollback().await.unwrap() }
     }
     backend.wake();
-    let claimed = backend.claim(10, Duration::from_secs(5), Duration::from_secs(2)).await.unwrap();
+    let claimed = backend.claim(&Kinds::Any, 10, Duration::from_secs(5), Duration::from_secs(2)).await.unwrap();
     let keys: Vec<_> = claimed.iter().map(|c| c.job.key.clone()).collect();
     assert_eq!(keys, [charge(2).key], "only the committed order's job exists");
 }
@@ -275,14 +275,14 @@ async fn a_job_that_commits_behind_the_claim_scan_is_still_claimed() {
     backend.enqueue_in(&mut tx, charge(0)).await.unwrap();
     backend.enqueue_batch((1..=20).map(charge).collect()).await.unwrap();
     let lease = Duration::from_secs(30);
-    let first = backend.claim(10, lease, Duration::ZERO).await.unwrap();
+    let first = backend.claim(&Kinds::Any, 10, lease, Duration::ZERO).await.unwrap();
     assert_eq!(first.len(), 10, "a full batch, taken while the late job is uncommitted");
     tx.commit().await.unwrap();
 
     let mut claimed: Vec<_> = first.iter().map(|c| c.job.key.clone()).collect();
     // The rest of the batch, then a claim that finds nothing past the floor and looks behind it.
     for _ in 0..2 {
-        claimed.extend(backend.claim(10, lease, Duration::ZERO).await.unwrap().into_iter().map(|c| c.job.key));
+        claimed.extend(backend.claim(&Kinds::Any, 10, lease, Duration::ZERO).await.unwrap().into_iter().map(|c| c.job.key));
     }
     let late = claimed.iter().filter(|k| **k == charge(0).key).count();
     assert_eq!(late, 1, "the late job is claimed once, without waiting for a poll");
@@ -302,13 +302,13 @@ async fn jobs_behind_the_claim_scan_wait_a_second_at_most_under_a_steady_backlog
     }
     backend.enqueue_batch((1..=300).map(charge).collect()).await.unwrap();
     let lease = Duration::from_secs(30);
-    assert_eq!(backend.claim(10, lease, Duration::ZERO).await.unwrap().len(), 10);
+    assert_eq!(backend.claim(&Kinds::Any, 10, lease, Duration::ZERO).await.unwrap().len(), 10);
     tx.commit().await.unwrap();
 
     let committed = std::time::Instant::now();
     let (mut late, mut backlog) = (0, 10);
     while late < 30 {
-        let claimed = backend.claim(10, lease, Duration::ZERO).await.unwrap();
+        let claimed = backend.claim(&Kinds::Any, 10, lease, Duration::ZERO).await.unwrap();
         assert_eq!(claimed.len(), 10, "the backlog keeps claims full");
         for job in claimed {
             if job.job.payload["order"].as_u64().unwrap() >= 1000 { late += 1 } else { backlog += 1 }
@@ -365,9 +365,12 @@ impl AlertSink for CountAlerts {
 async fn a_crash_on_the_last_attempt_ends_as_a_failure_record_with_one_alert() {
     let backend = common::backend("lastcrash").await;
     backend.enqueue(charge(3).with_cap(1)).await.unwrap();
-    let crashed = backend.claim(1, Duration::from_millis(300), Duration::from_secs(5)).await.unwrap();
+    let crashed = backend.claim(&Kinds::Any, 1, Duration::from_millis(300), Duration::from_secs(5)).await.unwrap();
     assert_eq!(crashed.len(), 1);
-    drop(crashed); // the worker dies on the only attempt
+    // Its handler starts (the lease is renewed, marking the attempt started), then the worker
+    // dies on the only attempt. An attempt that never started would be given back instead.
+    backend.renew(&crashed[0].lease, Duration::from_millis(300)).await.unwrap();
+    drop(crashed);
     let alerts = Arc::new(Mutex::new(0));
     let ran = Arc::new(Mutex::new(0));
     let counter = Arc::clone(&ran);

@@ -281,7 +281,9 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         let margin = (self.claim_lease / 4).min(Duration::from_secs(1));
         let deadline = || attempt.held_until() - margin;
         // Until it takes: once the claim lease lapses, another worker may start the job.
-        if let Some(renewal) = renewal.filter(|_| self.claim_lease < config.lease) {
+        // Also with the claim lease as long as the lease: the renewal marks the job started, so
+        // that a crash from here on charges it.
+        if let Some(renewal) = renewal {
             loop {
                 let asked = Instant::now();
                 match tokio::time::timeout_at(deadline(), renewal.renew(&attempt.lease(), config.lease)).await {
