@@ -83,6 +83,11 @@ struct Held {
     /// The message as received, to send again on a deferral or to the DLQ. Dropped once the
     /// message is handed back by its visibility (retry, release), when the entry only fences.
     message: Option<Kept>,
+    /// This receive took the message from a lease of this process that was not settled (its
+    /// visibility lapsed under a running handler): the entry fences that lease even once a
+    /// deferral has deleted the message, or its late settlement would act on a job now carried
+    /// by the copy.
+    supersedes: bool,
     received: std::time::Instant,
 }
 
@@ -421,6 +426,14 @@ impl SqsBackend {
         held.get_mut(&lease.job_id.0).filter(|h| h.receipt == lease.token).and_then(|h| h.message.take())
     }
 
+    /// After a deferral deleted the message: its entry goes, unless it fences an older lease.
+    fn forget_deferred(&self, lease: &Lease) {
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.get(&lease.job_id.0).is_some_and(|h| h.receipt == lease.token && !h.supersedes) {
+            held.remove(&lease.job_id.0);
+        }
+    }
+
     /// Hands the message back by its visibility; its body is no longer needed here.
     async fn hand_back(&self, lease: &Lease, after: Duration, what: &str) -> Result<()> {
         self.set_visibility(lease, after, what).await?;
@@ -474,7 +487,10 @@ impl SqsBackend {
         if held.len() >= HELD_MAX {
             held.retain(|_, h| h.received.elapsed() < HELD_FOR);
         }
-        held.insert(id.clone(), Held { receipt: receipt.clone(), message, received: std::time::Instant::now() });
+        // An entry still holding its message was not settled: its lease may yet be presented.
+        let supersedes = held.get(&id).is_some_and(|h| h.message.is_some() || h.supersedes);
+        let entry = Held { receipt: receipt.clone(), message, supersedes, received: std::time::Instant::now() };
+        held.insert(id.clone(), entry);
         drop(held);
         // The effect ledger is not the queue: the worker asks it.
         Some(Claimed { job, lease: Lease { job_id: JobId(id), token: receipt }, begun: None })
@@ -834,7 +850,7 @@ impl Claim for SqsBackend {
             .map_err(|e| sdk(e, "send the deferred copy"))?;
         // The copy first: if this delete fails, both are delivered, which at-least-once delivery
         // allows and the effect ledger dedupes; the other order could lose the job.
-        self.forget(lease);
+        self.forget_deferred(lease);
         self.inner.deleter.delete(lease.token.clone()).await
     }
 
