@@ -12,12 +12,12 @@ use aws_sdk_sqs::types::{
 };
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use redrive_core::{
-    AttemptError, Claim, Claimed, Counts, DeadLetter, Enqueue, Enqueued, Envelope, Error, ErrorKind, FailureId,
-    FailureQuery, FailureRecord, IdempotencyKey, JobId, JobRecord, Lease, NewJob, ProviderKey, QueueStats, RecordState,
-    Replay, ReplayOutcome, Result, Severity,
+    AttemptError, Backend, Capabilities, Claim, Claimed, Counts, DeadLetter, Dedupe, Enqueue, Enqueued, Envelope,
+    Error, ErrorKind, FailureId, FailureQuery, FailureRecord, IdempotencyKey, JobId, JobRecord, Kinds, Lease, NewJob,
+    ProviderKey, QueueStats, RecordState, Renew, Replay, ReplayOutcome, Result, Severity,
 };
 use serde_json::Value;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::config::{QueueSetup, SqsConfig};
 use crate::delete::Deleter;
@@ -30,10 +30,20 @@ const ATTR_ERROR: &str = "redrive-error";
 const ATTR_ATTEMPTS: &str = "redrive-attempts";
 const ATTR_FAILED_AT: &str = "redrive-failed-at";
 const ATTR_SOURCE_ID: &str = "redrive-source-id";
+/// On a deferred copy: the attempts the job had spent before it, added to the copy's receive count.
+const ATTR_SPENT: &str = "redrive-spent";
+/// Room kept at enqueue for [`ATTR_SPENT`], so that every message can be deferred: the name,
+/// SQS's allowance for the type, and a `u32` in decimal.
+const SPENT_ROOM: usize = ATTR_SPENT.len() + 6 + 10;
 /// The last error kept on a DLQ message, in bytes; the rest is in the worker's log.
 const MAX_ERROR_LEN: usize = 4096;
 /// The longest visibility SQS accepts (12 h).
 const MAX_VISIBILITY: Duration = Duration::from_secs(43_200);
+/// The longest `DelaySeconds` SQS accepts (15 min); a longer deferral comes back early and is
+/// deferred again.
+const MAX_DELAY: Duration = Duration::from_secs(900);
+/// Receives of the source queue [`SqsBackend::holds_text`] makes: short polls sample the queue.
+const LOOKS: usize = 5;
 
 /// redrive on Amazon SQS: the source queue carries the jobs, its dead-letter queue the failure
 /// records, and `<dlq>-audit` the closed records (replayed or discarded, with when, why and who).
@@ -70,9 +80,23 @@ struct StoredRecord {
 
 struct Held {
     receipt: String,
-    /// The body as received, kept only when it was not a redrive envelope.
-    raw: Option<String>,
+    /// The message as received, to send again on a deferral or to the DLQ. Dropped once the
+    /// message is handed back by its visibility (retry, release), when the entry only fences.
+    message: Option<Kept>,
+    /// This receive took the message from a lease of this process that was not settled (its
+    /// visibility lapsed under a running handler): the entry fences that lease even once a
+    /// deferral has deleted the message, or its late settlement would act on a job now carried
+    /// by the copy.
+    supersedes: bool,
     received: std::time::Instant,
+}
+
+/// A held message's body and attributes, exactly as received. Never logged.
+struct Kept {
+    body: String,
+    attrs: HashMap<String, MessageAttributeValue>,
+    /// The attempt this receive is (receive count plus [`ATTR_SPENT`]).
+    attempt: u32,
 }
 
 /// Past this many held messages, entries older than [`HELD_FOR`] are dropped: a message retried
@@ -279,6 +303,46 @@ impl SqsBackend {
         self.inner.max_receive_count
     }
 
+    /// Whether `text` appears in a message body or attribute on the source queue, the DLQ or the
+    /// audit queue, or in a message this process holds. A test aid (a purge forgets payloads):
+    /// the source queue is sampled by a few receives that leave its messages visible to workers,
+    /// but each counts a receive against the redrive policy.
+    #[doc(hidden)]
+    pub async fn holds_text(&self, text: &str) -> Result<bool> {
+        let held_here = {
+            let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.values().filter_map(|h| h.message.as_ref()).any(|k| mentions(&k.body, Some(&k.attrs), text))
+        };
+        if held_here {
+            return Ok(true);
+        }
+        let found = |m: &Message| mentions(m.body().unwrap_or_default(), m.message_attributes(), text);
+        for _ in 0..LOOKS {
+            let out = self
+                .inner
+                .client
+                .receive_message()
+                .queue_url(&self.inner.source.url)
+                .max_number_of_messages(10)
+                .visibility_timeout(0)
+                .wait_time_seconds(0)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .map_err(|e| sdk(e, "look through the queue"))?;
+            if out.messages().iter().any(found) {
+                return Ok(true);
+            }
+        }
+        let _reading = self.inner.scan.lock().await;
+        for url in [&self.inner.dlq.url, &self.inner.audit_url] {
+            if self.scan(url).await?.iter().any(found) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     fn outgoing(&self, job: &NewJob) -> Result<(String, HashMap<String, MessageAttributeValue>)> {
         if job.cap > self.inner.max_receive_count {
             return Err(config_error(format!(
@@ -292,8 +356,9 @@ impl SqsBackend {
             (ATTR_KEY.to_owned(), string_attr(job.key.as_str())),
             (ATTR_PROVIDER_KEY.to_owned(), string_attr(&job.provider_key.to_string())),
         ]);
-        let size =
-            body.len() + attrs.iter().map(|(k, v)| k.len() + 6 + v.string_value().map_or(0, str::len)).sum::<usize>();
+        let size = body.len()
+            + attrs.iter().map(|(k, v)| k.len() + 6 + v.string_value().map_or(0, str::len)).sum::<usize>()
+            + SPENT_ROOM;
         if size > self.inner.source.max_message_size {
             return Err(Error::new(
                 ErrorKind::PayloadTooLarge,
@@ -354,6 +419,28 @@ impl SqsBackend {
         }
     }
 
+    /// The held message behind `lease`, taken out of its entry: the caller sends it on or hands
+    /// the message back, and the entry goes on fencing with its receipt alone.
+    fn take_message(&self, lease: &Lease) -> Option<Kept> {
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.get_mut(&lease.job_id.0).filter(|h| h.receipt == lease.token).and_then(|h| h.message.take())
+    }
+
+    /// After a deferral deleted the message: its entry goes, unless it fences an older lease.
+    fn forget_deferred(&self, lease: &Lease) {
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.get(&lease.job_id.0).is_some_and(|h| h.receipt == lease.token && !h.supersedes) {
+            held.remove(&lease.job_id.0);
+        }
+    }
+
+    /// Hands the message back by its visibility; its body is no longer needed here.
+    async fn hand_back(&self, lease: &Lease, after: Duration, what: &str) -> Result<()> {
+        self.set_visibility(lease, after, what).await?;
+        self.take_message(lease);
+        Ok(())
+    }
+
     async fn set_visibility(&self, lease: &Lease, to: Duration, what: &str) -> Result<()> {
         self.fence(lease)?;
         self.inner
@@ -371,14 +458,16 @@ impl SqsBackend {
     fn claimed_from(&self, m: Message) -> Option<Claimed> {
         let (id, receipt) = (m.message_id?, m.receipt_handle?);
         let body = m.body.unwrap_or_default();
+        let attrs = m.message_attributes.unwrap_or_default();
         let system = m.attributes.unwrap_or_default();
-        let attempt =
+        let receives: u32 =
             system.get(&MessageSystemAttributeName::ApproximateReceiveCount).and_then(|v| v.parse().ok()).unwrap_or(1);
+        // A deferred copy starts its receive count afresh: the spent attempts travel with it.
+        let attempt = receives.saturating_add(spent(&attrs));
         let sent = sent_at(&system);
-        let (env, undecodable) = carried_job(&id, &body, m.message_attributes.as_ref(), sent);
         // Not an envelope: handed over marked as such, so the worker records a decode failure
         // without looking for a handler, with the body kept for a person to read.
-        let raw = undecodable.is_some().then_some(body);
+        let (env, undecodable) = carried_job(&id, &body, Some(&attrs), sent);
         let job = JobRecord {
             id: JobId(id.clone()),
             kind: env.kind,
@@ -389,15 +478,22 @@ impl SqsBackend {
             cap: env.cap,
             severity: env.severity,
             enqueued_at: env.enqueued_at,
+            // SQS cannot tell a lapsed claim from a started one: every receive stays counted.
+            stranded: 0,
             undecodable,
         };
+        let message = Some(Kept { body, attrs, attempt });
         let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         if held.len() >= HELD_MAX {
             held.retain(|_, h| h.received.elapsed() < HELD_FOR);
         }
-        held.insert(id.clone(), Held { receipt: receipt.clone(), raw, received: std::time::Instant::now() });
+        // An entry still holding its message was not settled: its lease may yet be presented.
+        let supersedes = held.get(&id).is_some_and(|h| h.message.is_some() || h.supersedes);
+        let entry = Held { receipt: receipt.clone(), message, supersedes, received: std::time::Instant::now() };
+        held.insert(id.clone(), entry);
         drop(held);
-        Some(Claimed { job, lease: Lease { job_id: JobId(id), token: receipt } })
+        // The effect ledger is not the queue: the worker asks it.
+        Some(Claimed { job, lease: Lease { job_id: JobId(id), token: receipt }, begun: None })
     }
 
     /// Every message of `url`, received for a moment and made visible again at once.
@@ -479,10 +575,12 @@ impl SqsBackend {
             .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
             .map_or_else(|| sent_at(&system), |t| t.with_timezone(&Utc));
         // A message moved by the redrive policy (its worker crashed on the last attempt) has
-        // none of the worker's attributes, and is still a record.
-        let attempts = attr(ATTR_ATTEMPTS).and_then(|a| a.parse().ok()).unwrap_or(self.inner.max_receive_count);
+        // none of the worker's attributes, and is still a record: its receives, plus those a
+        // deferred copy carried over.
+        let moved = || self.inner.max_receive_count.saturating_add(attrs.map_or(0, spent));
+        let attempts = attr(ATTR_ATTEMPTS).and_then(|a| a.parse().ok()).unwrap_or_else(moved);
         let last_error = attr(ATTR_ERROR).unwrap_or_else(|| {
-            format!("moved to the dead-letter queue by the redrive policy after {attempts} receives; no worker recorded an error")
+            format!("moved to the dead-letter queue by the redrive policy after {attempts} attempts; no worker recorded an error")
         });
         let (env, undecodable) = carried_job(&id, body, attrs, failed_at);
         let record = FailureRecord {
@@ -556,6 +654,16 @@ fn carried_job(
         payload: Value::String(body.to_owned()),
     };
     (stand_in, Some(why))
+}
+
+/// Whether `text` is in a body or any attribute's value.
+fn mentions(body: &str, attrs: Option<&HashMap<String, MessageAttributeValue>>, text: &str) -> bool {
+    body.contains(text) || attrs.is_some_and(|a| a.values().any(|v| v.string_value().is_some_and(|s| s.contains(text))))
+}
+
+/// The attempts a deferred copy carries over ([`ATTR_SPENT`]); 0 on a message never deferred.
+fn spent(attrs: &HashMap<String, MessageAttributeValue>) -> u32 {
+    attrs.get(ATTR_SPENT).and_then(|v| v.string_value()).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
 }
 
 fn sent_at(system: &HashMap<MessageSystemAttributeName, String>) -> DateTime<Utc> {
@@ -654,8 +762,28 @@ impl Enqueue for SqsBackend {
     }
 }
 
+impl Backend for SqsBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            dedupe: if self.inner.source.fifo { Dedupe::Window(Duration::from_secs(300)) } else { Dedupe::None },
+            max_payload: self.inner.source.max_message_size,
+            max_claim: 10,
+            atomic_batch: false,
+            // SQS counts receives and gives none back: not on a release, nor when the worker
+            // holding the message dies before its handler started.
+            release_refunds: false,
+            crash_refunds: false,
+            claim_by_kind: false,
+            min_lease: Duration::from_secs(1),
+            push_delivery: false,
+        }
+    }
+}
+
 impl Claim for SqsBackend {
-    async fn claim(&self, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+    /// SQS cannot receive by kind: `kinds` is ignored, and the worker defers what it has no
+    /// handler for.
+    async fn claim(&self, _kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
         let long_poll = wait.min(self.inner.max_wait);
         let out = self
             .inner
@@ -680,7 +808,7 @@ impl Claim for SqsBackend {
         Ok(claimed)
     }
 
-    async fn complete(&self, lease: &Lease) -> Result<()> {
+    async fn complete(&self, lease: &Lease, _result: Option<&Value>) -> Result<()> {
         self.fence(lease)?;
         self.inner.deleter.delete(lease.token.clone()).await?;
         self.forget(lease);
@@ -691,25 +819,60 @@ impl Claim for SqsBackend {
         // SQS keeps no per-attempt error: the worker logs it, and the last one travels with the
         // message to the dead-letter queue.
         // The entry stays: this receipt fences an older one until the message is deleted.
-        self.set_visibility(lease, delay, "retry").await
+        self.hand_back(lease, delay, "retry").await
     }
 
-    async fn extend(&self, lease: &Lease, by: Duration) -> Result<()> {
-        self.set_visibility(lease, by, "extend visibility").await
+    /// A copy of the message, with the attempts spent before this receive, is sent with the
+    /// delay, then the original is deleted: the copy's receive count starts afresh, so no number
+    /// of deferrals reaches `maxReceiveCount`. FIFO queues refuse a per-message delay: there the
+    /// message waits out its visibility instead, and this receive stays counted.
+    async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        self.fence(lease)?;
+        if self.inner.source.fifo {
+            return self.hand_back(lease, delay, "defer").await;
+        }
+        let Some(Kept { body, mut attrs, attempt }) = self.take_message(lease) else {
+            // Only an entry dropped for age (a lease held past HELD_FOR among HELD_MAX others).
+            warn!(message = %lease.job_id, "the deferred message is no longer held here; it waits out its visibility, counted");
+            return self.set_visibility(lease, delay, "defer").await;
+        };
+        // The receive being deferred is given back: the copy has spent one less than this attempt.
+        attrs.insert(ATTR_SPENT.to_owned(), string_attr(&attempt.saturating_sub(1).to_string()));
+        self.inner
+            .client
+            .send_message()
+            .queue_url(&self.inner.source.url)
+            .message_body(body)
+            .set_message_attributes(Some(attrs))
+            .delay_seconds(delay.min(MAX_DELAY).as_secs_f64().ceil() as i32)
+            .send()
+            .await
+            .map_err(|e| sdk(e, "send the deferred copy"))?;
+        // The copy first: if this delete fails, both are delivered, which at-least-once delivery
+        // allows and the effect ledger dedupes; the other order could lose the job.
+        self.forget_deferred(lease);
+        self.inner.deleter.delete(lease.token.clone()).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         // The receive count cannot be undone: the attempt stays counted.
-        self.set_visibility(lease, Duration::ZERO, "release").await
+        self.hand_back(lease, Duration::ZERO, "release").await
     }
 
-    async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<FailureRecord> {
+    async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<Option<FailureRecord>> {
         let lease = &claimed.lease;
         self.fence(lease)?;
         let job = &claimed.job;
-        let raw =
-            self.inner.held.lock().unwrap_or_else(|p| p.into_inner()).get(&lease.job_id.0).and_then(|h| h.raw.clone());
-        let body = raw.unwrap_or_else(|| {
+        // The body as received (a producer's unknown fields, or a body that is not an envelope);
+        // re-encoded only when the entry is gone.
+        let kept = self
+            .inner
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&lease.job_id.0)
+            .and_then(|h| h.message.as_ref().filter(|_| h.receipt == lease.token).map(|k| k.body.clone()));
+        let body = kept.unwrap_or_else(|| {
             Envelope {
                 v: redrive_core::envelope::ENVELOPE_VERSION,
                 kind: job.kind.clone(),
@@ -751,7 +914,7 @@ impl Claim for SqsBackend {
             .await
             .map_err(|e| sdk(e, "delete the dead-lettered message"))?;
         self.forget(lease);
-        Ok(FailureRecord {
+        Ok(Some(FailureRecord {
             id: FailureId(record_id.0),
             job_id: lease.job_id.clone(),
             kind: job.kind.clone(),
@@ -766,7 +929,19 @@ impl Claim for SqsBackend {
             first_failed_at: now,
             last_failed_at: now,
             state: RecordState::Open,
-        })
+        }))
+    }
+
+    fn renewal(&self) -> Option<&impl Renew> {
+        Some(self)
+    }
+}
+
+impl Renew for SqsBackend {
+    /// `ChangeMessageVisibility`; the receipt handle stays the same.
+    async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
+        self.set_visibility(lease, by, "extend visibility").await?;
+        Ok(lease.clone())
     }
 }
 
@@ -924,10 +1099,29 @@ mod tests {
     }
 
     #[test]
+    fn a_deferred_copy_adds_its_spent_attempts_to_its_receives() {
+        let with = |v: &str| HashMap::from([(ATTR_SPENT.to_owned(), string_attr(v))]);
+        assert_eq!(spent(&HashMap::new()), 0, "never deferred");
+        assert_eq!(spent(&with("3")), 3);
+        assert_eq!(spent(&with("not a number")), 0, "a producer's garbage costs no attempts");
+        let widest = string_attr(&u32::MAX.to_string());
+        assert!(SPENT_ROOM >= ATTR_SPENT.len() + 6 + widest.string_value().unwrap().len(), "enqueue keeps room for it");
+        assert!(mentions("{}", Some(&with("7")), "7") && !mentions("{}", Some(&with("7")), "8"));
+    }
+
+    #[test]
     fn every_attribute_is_documented_for_producers() {
         let doc = include_str!("../../docs/envelope.md");
-        for name in [ATTR_KIND, ATTR_KEY, ATTR_PROVIDER_KEY, ATTR_ERROR, ATTR_ATTEMPTS, ATTR_FAILED_AT, ATTR_SOURCE_ID]
-        {
+        for name in [
+            ATTR_KIND,
+            ATTR_KEY,
+            ATTR_PROVIDER_KEY,
+            ATTR_ERROR,
+            ATTR_ATTEMPTS,
+            ATTR_FAILED_AT,
+            ATTR_SOURCE_ID,
+            ATTR_SPENT,
+        ] {
             assert!(doc.contains(&format!("| `{name}` |")), "docs/envelope.md does not name the attribute {name}");
         }
     }

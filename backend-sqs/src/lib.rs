@@ -2,19 +2,24 @@
 //!
 //! The source queue carries each job as a [JSON envelope](redrive_core::Envelope), with its
 //! kind, key and provider key repeated as message attributes. The attempt is SQS's
-//! `ApproximateReceiveCount`; the lease is the visibility timeout and the receipt handle.
+//! `ApproximateReceiveCount` plus the attempts a deferred copy carries over (`redrive-spent`);
+//! the lease is the visibility timeout and the receipt handle.
 //!
 //! | ability | how |
 //! |---|---|
 //! | enqueue | `SendMessage` / `SendMessageBatch` (≤ 10); FIFO: group and deduplication id from the key |
 //! | dedupe | standard queues: none at enqueue, the effect ledger dedupes; FIFO: SQS's 5-minute window |
-//! | claim | `ReceiveMessage`, long polling, ≤ 10 at a time |
+//! | claim | `ReceiveMessage`, long polling, ≤ 10 at a time, of any kind (SQS cannot filter: the worker defers kinds it has no handler for) |
 //! | complete | batched `DeleteMessageBatch`, shared by concurrent completions |
-//! | retry, heartbeat, release | `ChangeMessageVisibility` |
+//! | retry, renew, release | `ChangeMessageVisibility`; every receive stays counted |
+//! | defer | send a copy with the spent attempts and `DelaySeconds` (≤ 15 min), then delete the original: deferrals never count against `maxReceiveCount`. FIFO queues refuse a per-message delay: there a deferral is `ChangeMessageVisibility` and counts |
 //! | dead letter | the worker sends the message to the DLQ with the error, attempts and time as attributes, then deletes it; the redrive policy's `maxReceiveCount` is the safety net for crashes |
 //! | failure records | the DLQ's messages, read without consuming them; closed records (replayed or discarded, with reason and actor) in `<dlq>-audit` |
 //! | replay | send back to the source with the original keys, then close the record |
 //! | effect ledger | not here: pass your database's (e.g. `redrive-postgres`) to the worker |
+//!
+//! SQS cannot give a receive back: a worker that dies holding messages it had not started yet
+//! charges each of them an attempt (no crash refunds), and so does a release.
 //!
 //! Start-up refuses a queue without a redrive policy, a missing DLQ or audit queue, and a DLQ
 //! that keeps messages for less time than the source; enqueue refuses a job whose cap is above

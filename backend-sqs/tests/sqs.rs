@@ -1,5 +1,6 @@
 //! What only SQS does: visibility expiring under a running handler, the redrive policy as the
-//! safety net, redrive back, and the start-up checks that refuse a setup that loses data.
+//! safety net, deferral by a copy that keeps its attempts, redrive back, and the start-up checks
+//! that refuse a setup that loses data.
 
 mod common;
 
@@ -8,8 +9,8 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use redrive_core::{
-    Claim, Counts, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob,
-    QueueStats, QueueStatsExt, Replay, ReplayOutcome, RunningWorker, Worker, WorkerConfig,
+    Claim, Claimed, Counts, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, Kinds,
+    NewJob, QueueStats, QueueStatsExt, Replay, ReplayOutcome, RunningWorker, Worker, WorkerConfig,
 };
 use redrive_postgres::PgBackend;
 use redrive_sqs::{QueueSetup, SqsBackend};
@@ -64,7 +65,20 @@ async fn wait_for(what: &str, secs: u64, mut done: impl AsyncFnMut() -> bool) {
 }
 
 async fn queue_empty(queue: &SqsBackend) -> bool {
-    queue.claim(10, Duration::ZERO, Duration::ZERO).await.unwrap().is_empty()
+    queue.claim(&Kinds::Any, 10, Duration::ZERO, Duration::ZERO).await.unwrap().is_empty()
+}
+
+/// The next message, received within `secs` (short polls: moto holds a long poll whole).
+async fn next(queue: &SqsBackend, secs: u64) -> Claimed {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let mut got = queue.claim(&Kinds::Any, 1, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+        if let Some(claimed) = got.pop() {
+            return claimed;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no message within {secs} s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,14 +126,14 @@ async fn a_crash_on_the_last_attempt_is_left_to_the_redrive_policy_and_still_rea
     let job = ship(3).with_cap(2);
     queue.enqueue(job.clone()).await.unwrap();
     for attempt in 1..=2 {
-        let got = queue.claim(1, Duration::from_secs(1), Duration::from_secs(5)).await.unwrap();
+        let got = queue.claim(&Kinds::Any, 1, Duration::from_secs(1), Duration::from_secs(5)).await.unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].job.attempt, attempt);
         // The worker dies: nothing settles the message.
         tokio::time::sleep(Duration::from_millis(1200)).await;
     }
     // The third receive finds the count at maxReceiveCount: SQS moves the message itself.
-    assert!(queue.claim(1, Duration::from_secs(1), Duration::from_secs(1)).await.unwrap().is_empty());
+    assert!(queue.claim(&Kinds::Any, 1, Duration::from_secs(1), Duration::from_secs(1)).await.unwrap().is_empty());
     let records = queue.list(&FailureQuery::open()).await.unwrap();
     assert_eq!(records.len(), 1);
     let r = &records[0];
@@ -134,8 +148,8 @@ async fn redrive_back_sends_a_new_message_and_the_effect_happens_once() {
     let (queue, ledger) = (common::queue("back", QueueSetup::default()).await, common::ledger().await);
     let job = ship(4);
     let first = queue.enqueue(job.clone()).await.unwrap();
-    let claimed = queue.claim(1, Duration::from_secs(30), Duration::from_secs(5)).await.unwrap().remove(0);
-    let record = queue.dead_letter(&claimed, "carrier rejected the label").await.unwrap();
+    let claimed = queue.claim(&Kinds::Any, 1, Duration::from_secs(30), Duration::from_secs(5)).await.unwrap().remove(0);
+    let record = queue.dead_letter(&claimed, "carrier rejected the label").await.unwrap().expect("SQS writes it now");
     let outcome = queue.replay(&record.id).await.unwrap();
     let ReplayOutcome::Replayed(new_id) = outcome else { panic!("{outcome:?}") };
     assert_ne!(&new_id, first.id(), "a redrive is a new message");
@@ -147,6 +161,58 @@ async fn redrive_back_sends_a_new_message_and_the_effect_happens_once() {
     w.shutdown().await;
     assert_eq!(*effects.lock().unwrap(), [(4, 1)]);
     assert_eq!(queue.count_open().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_message_comes_back_after_its_delay_with_its_attempt_and_never_reaches_the_redrive_policy() {
+    let queue = common::queue("defer", QueueSetup { max_receive_count: 2, ..QueueSetup::default() }).await;
+    let job = ship(6).with_cap(2);
+    queue.enqueue(job.clone()).await.unwrap();
+    let mut claimed = next(&queue, 5).await;
+    assert_eq!(claimed.job.attempt, 1);
+    // More deferrals than maxReceiveCount: were they counted, SQS would move the message.
+    for round in 1..=4 {
+        queue.defer(&claimed.lease, Duration::from_secs(1)).await.unwrap();
+        let deferred = tokio::time::Instant::now();
+        assert!(queue_empty(&queue).await, "round {round}: back before its delay");
+        let copy = next(&queue, 10).await;
+        let waited = deferred.elapsed();
+        assert!(waited >= Duration::from_millis(900), "round {round}: back after {waited:?}");
+        assert_eq!(copy.job.attempt, 1, "round {round}: a deferral costs no attempt");
+        assert_ne!(copy.lease.job_id, claimed.lease.job_id, "round {round}: a deferral sends a copy");
+        assert_eq!((&copy.job.key, copy.job.provider_key), (&job.key, job.provider_key));
+        assert_eq!((&copy.job.payload, copy.job.cap), (&job.payload, job.cap));
+        claimed = copy;
+    }
+    assert_eq!(queue.count_open().await.unwrap(), 0, "no dead letter");
+    assert!(queue.list(&FailureQuery::open()).await.unwrap().is_empty());
+
+    // A spent attempt stays spent through a deferral, up to the record.
+    queue.retry(&claimed.lease, Duration::ZERO, "carrier busy").await.unwrap();
+    let second = next(&queue, 5).await;
+    assert_eq!(second.job.attempt, 2);
+    queue.defer(&second.lease, Duration::ZERO).await.unwrap();
+    let last = next(&queue, 5).await;
+    assert_eq!(last.job.attempt, 2, "the retry's attempt is kept, the deferred receive given back");
+    let record = queue.dead_letter(&last, "carrier rejected the label").await.unwrap().expect("SQS writes it now");
+    assert_eq!(record.attempts, 2);
+    assert_eq!(queue.list(&FailureQuery::open()).await.unwrap()[0].attempts, 2);
+    assert!(queue_empty(&queue).await, "the original was deleted with each deferral");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_text_finds_a_payload_on_the_queue_and_in_its_record_until_the_purge() {
+    let queue = common::queue("holds", QueueSetup::default()).await;
+    let needle = "\"parcel\":7";
+    assert!(!queue.holds_text(needle).await.unwrap());
+    queue.enqueue(ship(7)).await.unwrap();
+    assert!(queue.holds_text(needle).await.unwrap(), "on the source queue");
+    let claimed = next(&queue, 5).await;
+    assert!(queue.holds_text(needle).await.unwrap(), "held here");
+    queue.dead_letter(&claimed, "carrier rejected the label").await.unwrap();
+    assert!(queue.holds_text(needle).await.unwrap(), "in the record");
+    assert_eq!(queue.purge(Duration::ZERO).await.unwrap(), 1);
+    assert!(!queue.holds_text(needle).await.unwrap(), "forgotten");
 }
 
 /// A job type that would accept any string payload, under the kind a body that is not an
@@ -196,7 +262,7 @@ async fn counts_read_the_source_queue_until_a_worker_drains_it() {
         queue.enqueue(ship(parcel)).await.unwrap();
     }
     assert_eq!(queue.counts().await.unwrap(), Counts { queued: 3, running: 0 });
-    let held = queue.claim(1, Duration::from_secs(30), Duration::ZERO).await.unwrap().remove(0);
+    let held = queue.claim(&Kinds::Any, 1, Duration::from_secs(30), Duration::ZERO).await.unwrap().remove(0);
     assert_eq!(queue.counts().await.unwrap(), Counts { queued: 2, running: 1 });
     queue.release(&held.lease).await.unwrap();
     let effects = Effects::default();
