@@ -138,7 +138,10 @@ pub async fn mixed_kinds<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject
     let probes = run.start_worker_for(q.clone(), l.clone(), config.clone(), Handles::Probes);
     let others = run.start_worker_for(q, l, config, Handles::Others);
     run.must("batch enqueue", run.s.queue.enqueue_batch(jobs).await)?;
-    run.wait_for_effects(ids.len() * 2).await?;
+    if let Err(timeout) = run.wait_for_effects(ids.len() * 2).await {
+        let (a, b) = (probes.stats(), others.stats());
+        return Err(run.fail(format!("{}; the workers did {a:?} and {b:?}", timeout.message)));
+    }
     run.settle().await;
     let (a, b) = (probes.shutdown().await, others.shutdown().await);
     let open = run.must("count", run.s.queue.count_open().await)?;

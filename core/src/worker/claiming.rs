@@ -221,6 +221,9 @@ async fn dispatch<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
             async move {
                 shared.process(job, claimed_at, slot, abandon).await;
                 drop(out);
+                // Its slot is free again, however the attempt ended (a hand-back, a skip, a
+                // record): that is room for a claim.
+                shared.taken.notify_waiters();
             }
             .instrument(span),
         );
