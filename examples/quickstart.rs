@@ -69,7 +69,7 @@ impl AlertSink for PrintAlerts {
 
 fn worker_on<Q, L>(queue: Q, ledger: L, mailer: &Arc<Mailer>, alerts: &Arc<Mutex<Vec<Alert>>>) -> redrive::RunningWorker
 where
-    Q: redrive::Claim + 'static,
+    Q: redrive::Claim + redrive::DeadLetter + 'static,
     L: redrive::Ledger + 'static,
 {
     let mailer = Arc::clone(mailer);

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redrive_core::{
-    Alert, AlertSink, Claim, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, Kinds,
-    NewJob, Renew, RunningWorker, Worker, WorkerConfig,
+    Alert, AlertSink, Claim, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder,
+    Kinds, NewJob, Renew, RunningWorker, Worker, WorkerConfig,
 };
 use redrive_postgres::{EffectOnce, PgBackend, PgConfig};
 use serde::{Deserialize, Serialize};
@@ -282,7 +282,9 @@ async fn a_job_that_commits_behind_the_claim_scan_is_still_claimed() {
     let mut claimed: Vec<_> = first.iter().map(|c| c.job.key.clone()).collect();
     // The rest of the batch, then a claim that finds nothing past the floor and looks behind it.
     for _ in 0..2 {
-        claimed.extend(backend.claim(&Kinds::Any, 10, lease, Duration::ZERO).await.unwrap().into_iter().map(|c| c.job.key));
+        claimed.extend(
+            backend.claim(&Kinds::Any, 10, lease, Duration::ZERO).await.unwrap().into_iter().map(|c| c.job.key),
+        );
     }
     let late = claimed.iter().filter(|k| **k == charge(0).key).count();
     assert_eq!(late, 1, "the late job is claimed once, without waiting for a poll");

@@ -41,7 +41,11 @@ pub async fn stalled_heartbeat<Q: Queue, L: Ledger + Clone + 'static>(subject: S
     other.shutdown().await;
     let cancelled = stalled.stats().cancelled;
     drop(stalled); // its tasks stay parked on the frozen renewals
-    ensure!(run, cancelled == 1, "the stalled worker should cancel its handler before the hold lapsed (cancelled {cancelled})");
+    ensure!(
+        run,
+        cancelled == 1,
+        "the stalled worker should cancel its handler before the hold lapsed (cancelled {cancelled})"
+    );
     run.report(&[60], &[]).await
 }
 
@@ -116,7 +120,11 @@ pub async fn provider_key_once<Q: Queue, L: Ledger + Clone + 'static>(subject: S
     let calls: Vec<ProviderKey> =
         run.script.calls.lock().unwrap().iter().filter(|(k, _)| *k == key).map(|(_, p)| *p).collect();
     ensure!(run, calls.len() >= 2, "the provider should be called by the dead attempt and the next: {calls:?}");
-    ensure!(run, calls.iter().all(|p| *p == calls[0]), "every call of one key should carry one provider key: {calls:?}");
+    ensure!(
+        run,
+        calls.iter().all(|p| *p == calls[0]),
+        "every call of one key should carry one provider key: {calls:?}"
+    );
     let effects = run.script.effects_of(&key);
     ensure!(
         run,
@@ -187,7 +195,12 @@ pub async fn crash_loop<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<
         break;
     }
     ensure!(run, finished, "the poison job should end as a record after its cap, not kill worker after worker");
-    ensure!(run, dead.len() <= 4, "with a cap of 2 the poison job should kill at most 4 workers, killed {}", dead.len());
+    ensure!(
+        run,
+        dead.len() <= 4,
+        "with a cap of 2 the poison job should kill at most 4 workers, killed {}",
+        dead.len()
+    );
     let alerts = run.script.alerts.lock().unwrap().iter().filter(|a| a.record.key == Probe::key(poison)).count();
     ensure!(run, alerts == 1, "one alert for the poison job's record expected, got {alerts}");
     drop(dead);
@@ -242,7 +255,13 @@ pub async fn alert_delivery<Q: Queue, L: Ledger + Clone + 'static>(subject: Subj
     run.settle().await;
     survivor.shutdown().await;
     drop(dying);
-    ensure!(run, (alerts_of(63), alerts_of(64)) == (1, 1), "one alert per record expected, got {} and {}", alerts_of(63), alerts_of(64));
+    ensure!(
+        run,
+        (alerts_of(63), alerts_of(64)) == (1, 1),
+        "one alert per record expected, got {} and {}",
+        alerts_of(63),
+        alerts_of(64)
+    );
     run.report(&[], &[63, 64]).await
 }
 
@@ -256,7 +275,8 @@ pub async fn no_payload_in_logs<Q: Queue, L: Ledger + Clone + 'static>(subject: 
     let canary = format!("4111-{}", ProviderKey::mint());
     let seen = watch.watch(&canary);
     let witness = watch.watch(Probe::key(66).as_str());
-    let bad = run.must("new job", NewJob::new(crate::PROBE_KIND, Probe::key(65), json!({"id": canary, "body": "x"})))?;
+    let bad =
+        run.must("new job", NewJob::new(crate::PROBE_KIND, Probe::key(65), json!({"id": canary, "body": "x"})))?;
     run.script.fault(66, Fault::Always);
     run.must("enqueue", run.s.queue.enqueue(bad).await)?;
     run.must("enqueue", run.s.queue.enqueue(Probe { id: 66, body: canary.clone() }.new_job()).await)?;
@@ -268,7 +288,12 @@ pub async fn no_payload_in_logs<Q: Queue, L: Ledger + Clone + 'static>(subject: 
     ensure!(run, !seen.load(Ordering::SeqCst), "a payload value was written to the log");
     for r in run.open_records().await? {
         let errors = r.errors.iter().map(|e| e.error.as_str());
-        ensure!(run, !std::iter::once(r.last_error.as_str()).chain(errors).any(|e| e.contains(&canary)), "record {} quotes the payload in its errors", r.id);
+        ensure!(
+            run,
+            !std::iter::once(r.last_error.as_str()).chain(errors).any(|e| e.contains(&canary)),
+            "record {} quotes the payload in its errors",
+            r.id
+        );
     }
     for alert in run.script.alerts.lock().unwrap().iter() {
         // What a webhook posts: the summary as Slack-compatible JSON.
@@ -296,7 +321,11 @@ pub async fn purge_forgets<Q: Queue, L: Ledger + Clone + 'static>(subject: Subje
     ensure!(run, storage(canary.clone()).await, "before the purge the record should hold the payload");
     if run.caps.dedupe == Dedupe::Kept {
         let again = run.must("enqueue of a failed key", run.s.queue.enqueue(job.clone()).await)?;
-        ensure!(run, matches!(again, Enqueued::Failed { .. }), "a key whose job failed should answer Failed, got {again:?}");
+        ensure!(
+            run,
+            matches!(again, Enqueued::Failed { .. }),
+            "a key whose job failed should answer Failed, got {again:?}"
+        );
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
     let purged = run.must("purge", run.s.queue.purge(Duration::ZERO).await)?;

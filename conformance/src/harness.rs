@@ -344,7 +344,11 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
     /// A worker whose view of the subject can be frozen (stalled, broken or killed) through
     /// `freeze`, with the scenario settings.
     pub(crate) fn frozen_worker(&self, freeze: &Arc<Freeze>, config: WorkerConfig) -> RunningWorker {
-        self.start_worker_on(Frozen::new(self.s.queue.clone(), freeze), Frozen::new(self.s.ledger.clone(), freeze), config)
+        self.start_worker_on(
+            Frozen::new(self.s.queue.clone(), freeze),
+            Frozen::new(self.s.ledger.clone(), freeze),
+            config,
+        )
     }
 
     /// Waits until `done` holds, up to the subject's timeout.

@@ -76,9 +76,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use faults::*;
 pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
 use redrive_core::{Claim, DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};
-pub use faults::*;
 pub use scenarios::*;
 
 /// What a queue must implement to be tested.

@@ -160,7 +160,13 @@ impl Replay for Broken {
 }
 
 impl Ledger for Broken {
-    async fn begin(&self, key: &IdempotencyKey, payload: &Value, provider_key: ProviderKey, hold: Duration) -> Result<Begin> {
+    async fn begin(
+        &self,
+        key: &IdempotencyKey,
+        payload: &Value,
+        provider_key: ProviderKey,
+        hold: Duration,
+    ) -> Result<Begin> {
         let begin = self.0.begin(key, payload, provider_key, hold).await?;
         Ok(match begin {
             Begin::Resumed(hold) if self.has(Fault::NewProviderKeyOnResume) => {
@@ -188,7 +194,13 @@ impl Ledger for Broken {
 struct Amnesiac;
 
 impl Ledger for Amnesiac {
-    async fn begin(&self, key: &IdempotencyKey, _payload: &Value, provider_key: ProviderKey, _hold: Duration) -> Result<Begin> {
+    async fn begin(
+        &self,
+        key: &IdempotencyKey,
+        _payload: &Value,
+        provider_key: ProviderKey,
+        _hold: Duration,
+    ) -> Result<Begin> {
         Ok(Begin::Fresh(Hold { key: key.clone(), token: "any".into(), provider_key, lease: None }))
     }
     async fn extend_hold(&self, _hold: &Hold, _by: Duration) -> Result<()> {
@@ -239,8 +251,7 @@ async fn the_ledger_alone_keeps_lost_acks_to_one_effect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ledger_that_forgets_fails_the_race() {
     let backend = MemoryBackend::new();
-    let violation =
-        redrive_conformance::race(Subject::new(backend, Amnesiac, timing())).await.unwrap_err();
+    let violation = redrive_conformance::race(Subject::new(backend, Amnesiac, timing())).await.unwrap_err();
     assert!(violation.message.contains("exactly one racing attempt"), "{violation}");
 }
 
@@ -302,8 +313,7 @@ async fn a_backend_that_refunds_every_crash_fails_crash_loop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ledger_that_forgets_sent_alerts_fails_alert_delivery() {
     let backend = MemoryBackend::new();
-    let violation =
-        redrive_conformance::alert_delivery(Subject::new(backend, Amnesiac, timing())).await.unwrap_err();
+    let violation = redrive_conformance::alert_delivery(Subject::new(backend, Amnesiac, timing())).await.unwrap_err();
     assert!(violation.message.contains("one alert per record"), "{violation}");
 }
 

@@ -485,7 +485,8 @@ impl Ledger for MemoryBackend {
             Effect::Pending { token: held, until } => {
                 *held = token();
                 *until = now + hold;
-                let hold = Hold { key: key.clone(), token: held.clone(), provider_key: entry.provider_key, lease: None };
+                let hold =
+                    Hold { key: key.clone(), token: held.clone(), provider_key: entry.provider_key, lease: None };
                 Ok(Begin::Resumed(hold))
             }
         }

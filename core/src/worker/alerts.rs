@@ -98,7 +98,10 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
 }
 
 /// Sweeps at start, then every `alert_sweep`, until the worker stops.
-pub(super) async fn sweep<Q: Claim + DeadLetter, L: Ledger>(shared: std::sync::Arc<Shared<Q, L>>, stop: CancellationToken) {
+pub(super) async fn sweep<Q: Claim + DeadLetter, L: Ledger>(
+    shared: std::sync::Arc<Shared<Q, L>>,
+    stop: CancellationToken,
+) {
     loop {
         tokio::select! {
             () = shared.sweep_once() => {}

@@ -303,7 +303,10 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                     }
                     Ok(Err(e)) => {
                         warn!(error = %e, "could not move the job to its full lease; trying again");
-                        tokio::time::sleep((self.claim_lease / 4).min(deadline().saturating_duration_since(Instant::now()))).await;
+                        tokio::time::sleep(
+                            (self.claim_lease / 4).min(deadline().saturating_duration_since(Instant::now())),
+                        )
+                        .await;
                     }
                     Err(_) if hold_is_lease => return,
                     Err(_) => break,

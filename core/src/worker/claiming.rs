@@ -62,7 +62,11 @@ impl Infra {
     pub(super) fn failed(&self, lease: Duration) -> Duration {
         let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         // Up to a third of the lease, so that the queue is back at work soon after the ledger.
-        let backoff = Backoff { base: Duration::from_millis(100), max: (lease / 3).max(Duration::from_millis(100)), ..Backoff::default() };
+        let backoff = Backoff {
+            base: Duration::from_millis(100),
+            max: (lease / 3).max(Duration::from_millis(100)),
+            ..Backoff::default()
+        };
         let delay = backoff.delay(n);
         let mut until = self.pause_until.lock().unwrap_or_else(|p| p.into_inner());
         let end = Instant::now() + delay;

@@ -61,11 +61,7 @@ async fn workers_share_slow_jobs_instead_of_one_claiming_them_all() {
     };
     let config = WorkerConfig { concurrency: 2, ..fast() };
     let start = |backend: &MemoryBackend| {
-        Worker::builder(backend.clone(), backend.clone())
-            .config(config.clone())
-            .handle::<Ping>(slow)
-            .build()
-            .start()
+        Worker::builder(backend.clone(), backend.clone()).config(config.clone()).handle::<Ping>(slow).build().start()
     };
     let first = start(&backend);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -78,12 +74,7 @@ async fn workers_share_slow_jobs_instead_of_one_claiming_them_all() {
     tokio::time::timeout(Duration::from_secs(15), all_done).await.expect("all 40 jobs run");
     let (first, second) = (first.shutdown().await, second.shutdown().await);
     // One worker claiming a full batch would have left the second with nothing to do.
-    assert!(
-        second.succeeded >= 10,
-        "the later worker ran {} of 40; the first {}",
-        second.succeeded,
-        first.succeeded
-    );
+    assert!(second.succeeded >= 10, "the later worker ran {} of 40; the first {}", second.succeeded, first.succeeded);
     assert_eq!(first.handed_back + second.handed_back, 0);
 }
 
@@ -145,7 +136,11 @@ async fn a_worker_claims_only_the_kinds_it_handles() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let stats = worker.shutdown().await;
     assert_eq!((stats.claimed, stats.succeeded, stats.dead_lettered), (1, 1, 0));
-    assert_eq!(backend.counts().await.unwrap(), Counts { queued: 1, running: 0 }, "left for a worker that has a handler");
+    assert_eq!(
+        backend.counts().await.unwrap(),
+        Counts { queued: 1, running: 0 },
+        "left for a worker that has a handler"
+    );
     assert_eq!(backend.count_open().await.unwrap(), 0);
 }
 
@@ -274,10 +269,7 @@ async fn a_payload_that_does_not_decode_is_named_by_field_never_by_value() {
     worker.shutdown().await;
     assert_eq!(record.payload, payload, "the record keeps the payload, for a replay");
     assert_eq!(record.attempts, 1);
-    assert_eq!(
-        record.last_error,
-        "payload does not decode: field `card.number`: invalid type: string, expected u64"
-    );
+    assert_eq!(record.last_error, "payload does not decode: field `card.number`: invalid type: string, expected u64");
     let alerts = alerts.0.lock().unwrap().join("\n");
     assert!(alerts.contains("field `card.number`"), "{alerts}");
     let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
@@ -290,8 +282,7 @@ async fn a_payload_that_does_not_decode_is_named_by_field_never_by_value() {
 #[test]
 fn builder_setters_compose_in_any_order_and_with_a_base_config() {
     let backend = MemoryBackend::new();
-    let base =
-        WorkerConfig { concurrency: 16, batch: 64, poll: Duration::from_millis(5), ..WorkerConfig::default() };
+    let base = WorkerConfig { concurrency: 16, batch: 64, poll: Duration::from_millis(5), ..WorkerConfig::default() };
     let built = |b: WorkerBuilder<MemoryBackend, MemoryBackend>| b.build().config().clone();
     let before = built(
         Worker::builder(backend.clone(), backend.clone())
@@ -324,8 +315,7 @@ fn builder_setters_compose_in_any_order_and_with_a_base_config() {
     let follows = built(Worker::builder(backend.clone(), backend.clone()).lease(Duration::from_secs(9)));
     assert_eq!(follows.heartbeat, Some(Duration::from_secs(3)));
     let off = WorkerConfig { heartbeat: None, ..base };
-    let stays_off =
-        built(Worker::builder(backend.clone(), backend.clone()).lease(Duration::from_secs(9)).config(off));
+    let stays_off = built(Worker::builder(backend.clone(), backend.clone()).lease(Duration::from_secs(9)).config(off));
     assert_eq!((stays_off.heartbeat, stays_off.concurrency), (None, 16));
 }
 
@@ -379,7 +369,8 @@ async fn counts_show_queued_and_running_jobs_until_the_queue_drains() {
         backend.enqueue_job(&Ping { n }).await.unwrap();
     }
     assert_eq!(backend.counts().await.unwrap(), Counts { queued: 4, running: 0 });
-    let held = backend.claim(&crate::backend::Kinds::Any, 1, Duration::from_secs(30), Duration::ZERO).await.unwrap().remove(0);
+    let held =
+        backend.claim(&crate::backend::Kinds::Any, 1, Duration::from_secs(30), Duration::ZERO).await.unwrap().remove(0);
     assert_eq!(backend.counts().await.unwrap(), Counts { queued: 3, running: 1 });
     let left = backend.wait_until_drained(Duration::from_millis(100)).await.unwrap();
     assert_eq!(left, Counts { queued: 3, running: 1 }, "nothing works the queue yet");
