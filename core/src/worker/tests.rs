@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::*;
-use crate::backend::{DeadLetter, Enqueue, EnqueueExt, FailureQuery};
+use crate::backend::{DeadLetter, Enqueue, EnqueueExt, FailureQuery, Ledger};
 use crate::error::Error;
 use crate::job::NewJob;
 use crate::key::{IdempotencyKey, KeyBuilder};
@@ -418,4 +418,74 @@ async fn a_requested_retry_delay_is_honoured() {
     let starts = starts.lock().unwrap();
     assert_eq!(starts.len(), 2);
     assert!(starts[1] - starts[0] >= Duration::from_millis(300));
+}
+
+/// The memory backend as a ledger whose hold extensions never return: a stalled connection.
+#[derive(Clone)]
+struct StalledHolds(MemoryBackend);
+
+impl Ledger for StalledHolds {
+    async fn begin(
+        &self,
+        key: &IdempotencyKey,
+        payload: &Value,
+        provider_key: crate::key::ProviderKey,
+        hold: Duration,
+    ) -> crate::Result<crate::backend::Begin> {
+        self.0.begin(key, payload, provider_key, hold).await
+    }
+    async fn extend_hold(&self, _hold: &crate::backend::Hold, _by: Duration) -> crate::Result<()> {
+        std::future::pending().await
+    }
+    async fn release_hold(&self, hold: &crate::backend::Hold) -> crate::Result<()> {
+        self.0.release_hold(hold).await
+    }
+    async fn finish(&self, hold: &crate::backend::Hold, result: &Value) -> crate::Result<()> {
+        self.0.finish(hold, result).await
+    }
+}
+
+/// Sets the time it was dropped: when the worker cancelled the handler holding it.
+struct DropClock(Arc<Mutex<Option<Instant>>>);
+
+impl Drop for DropClock {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Some(Instant::now());
+    }
+}
+
+#[tokio::test]
+async fn a_handler_whose_hold_cannot_be_renewed_is_cancelled_before_the_hold_lapses() {
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Ping { n: 9 }).await.unwrap();
+    let lease = Duration::from_millis(600);
+    let dropped = Arc::new(Mutex::new(None));
+    let (clock, effects) = (Arc::clone(&dropped), Arc::new(Mutex::new(0)));
+    let done = Arc::clone(&effects);
+    let started = Instant::now();
+    let worker = Worker::builder(backend.clone(), StalledHolds(backend.clone()))
+        .config(WorkerConfig { lease, claim_lease: lease, ..fast() })
+        .handle::<Ping>(move |_job: Ping, _ctx: JobContext| {
+            let guard = DropClock(Arc::clone(&clock));
+            let done = Arc::clone(&done);
+            async move {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                *done.lock().unwrap() += 1; // the effect, had it not been cancelled
+                drop(guard);
+                Ok::<_, JobError>(())
+            }
+        })
+        .build()
+        .start();
+    for _ in 0..200 {
+        if worker.stats().cancelled >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = worker.shutdown_within(Duration::ZERO).await;
+    let cancelled_at = dropped.lock().unwrap().expect("the handler was cancelled") - started;
+    assert!(stats.cancelled >= 1, "{stats:?}");
+    assert!(cancelled_at < lease, "cancelled {cancelled_at:?} after the start; the hold lapses after {lease:?}");
+    assert_eq!(*effects.lock().unwrap(), 0, "no effect from a handler that lost its hold");
 }

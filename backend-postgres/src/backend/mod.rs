@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive_core::{
-    AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Counts, DeadLetter, Dedupe, Enqueue, Enqueued, Error,
-    ErrorKind, FailureId, FailureQuery, FailureRecord, Hold, IdempotencyKey, JobId, JobRecord, Kinds, Lease, Ledger,
-    NewJob, ProviderKey, QueueStats, RecordState, Renew, Replay, ReplayOutcome, Result, Severity, payload_fingerprint,
+    Backend, Begin, Capabilities, Claim, Claimed, Counts, Dedupe, Enqueue, Enqueued, Error, ErrorKind, FailureRecord,
+    Hold, IdempotencyKey, JobId, JobRecord, Kinds, Lease, NewJob, ProviderKey, QueueStats, Renew, Result, Severity,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
@@ -18,6 +17,12 @@ use tokio::sync::{Notify, OnceCell};
 use tracing::{debug, warn};
 use uuid::Uuid;
 
+mod ledger;
+mod records;
+mod scan_floor;
+
+use self::records::record_from;
+use self::scan_floor::{Position, ScanFloor};
 use crate::batch::Completer;
 use crate::config::PgConfig;
 use crate::error::db;
@@ -49,56 +54,6 @@ struct Inner {
 
 /// Claim statements kept, one per batch size (see `claim.sql`).
 const MAX_CLAIM_STATEMENTS: usize = 16;
-
-/// How long a scan floor is trusted before a claim scans the ready index from the front again.
-const FLOOR_TTL: Duration = Duration::from_secs(1);
-
-/// Where this process's claims start scanning the ready index: the (run_at, id) at which its last
-/// full batch ended. A job can still become ready behind it (a claim rolled back, an enqueue that
-/// commits late in a long transaction), so the floor lasts [`FLOOR_TTL`] and is dropped whenever a
-/// claim comes back short. Each floor set from a scan of the front starts a new generation, and
-/// only claims that started from the current generation may raise it: a claim in flight from an
-/// older floor cannot carry the floor past the jobs a newer front scan is working through.
-#[derive(Default)]
-struct ScanFloor {
-    at: Option<(Position, tokio::time::Instant)>,
-    generation: u64,
-}
-
-/// A place in the ready index: `(run_at, id)`.
-type Position = (DateTime<Utc>, i64);
-
-impl ScanFloor {
-    /// The floor to start a claim from (`None`: the front), and its generation.
-    fn read(&mut self) -> (Option<Position>, u64) {
-        if self.at.is_some_and(|(_, since)| since.elapsed() >= FLOOR_TTL) {
-            self.reset();
-        }
-        (self.at.map(|(at, _)| at), self.generation)
-    }
-
-    /// After a claim that started in `generation` and took `end` (its last job's position) in a
-    /// full batch, or `None` when the batch came back short.
-    fn settle(&mut self, generation: u64, scanned_front: bool, end: Option<Position>) {
-        match end {
-            None => self.reset(),
-            Some(end) if scanned_front => {
-                self.generation += 1;
-                self.at = Some((end, tokio::time::Instant::now()));
-            }
-            Some(end) => {
-                if let Some((at, _)) = self.at.as_mut().filter(|_| generation == self.generation) {
-                    *at = (*at).max(end);
-                }
-            }
-        }
-    }
-
-    fn reset(&mut self) {
-        self.generation += 1;
-        self.at = None;
-    }
-}
 
 /// What [`PgBackend::effect_once`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -460,10 +415,6 @@ fn parse_lease(lease: &Lease) -> Result<(i64, Uuid)> {
     Ok((id, token))
 }
 
-fn parse_record_id(id: &FailureId) -> Result<i64> {
-    id.0.parse().map_err(|_| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))
-}
-
 fn key_from(s: String) -> Result<IdempotencyKey> {
     IdempotencyKey::parse(s).map_err(|e| Error::new(ErrorKind::Decode, format!("stored key: {e}")))
 }
@@ -494,38 +445,6 @@ fn claimed_from(row: &PgRow) -> Result<Claimed> {
         },
         lease,
         begun: Some(begun),
-    })
-}
-
-fn record_from(row: &PgRow) -> Result<FailureRecord> {
-    let state = match row.get::<&str, _>("state") {
-        "open" => RecordState::Open,
-        "replayed" => {
-            RecordState::Replayed { at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default() }
-        }
-        _ => RecordState::Discarded {
-            at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default(),
-            reason: row.get::<Option<String>, _>("discard_reason").unwrap_or_default(),
-            actor: row.get::<Option<String>, _>("discarded_by").unwrap_or_default(),
-        },
-    };
-    let errors: Vec<AttemptError> = serde_json::from_value(row.get("errors"))
-        .map_err(|e| Error::new(ErrorKind::Decode, "stored error history does not decode").with_source(e))?;
-    Ok(FailureRecord {
-        id: FailureId(row.get::<i64, _>("id").to_string()),
-        job_id: JobId(row.get::<i64, _>("job_id").to_string()),
-        kind: row.get("kind"),
-        key: key_from(row.get("idempotency_key"))?,
-        provider_key: ProviderKey::from_uuid(row.get("provider_key")),
-        payload: row.get("payload"),
-        last_error: row.get("last_error"),
-        errors,
-        attempts: row.get::<i32, _>("attempts") as u32,
-        cap: row.get::<i32, _>("cap") as u32,
-        severity: severity_from(row.get("severity")),
-        first_failed_at: row.get("first_failed_at"),
-        last_failed_at: row.get("last_failed_at"),
-        state,
     })
 }
 
@@ -728,177 +647,3 @@ impl QueueStats for PgBackend {
     }
 }
 
-impl DeadLetter for PgBackend {
-    async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
-        let after = query.after.as_ref().map(parse_record_id).transpose()?.unwrap_or(0);
-        let job_id = match &query.job_id {
-            Some(id) => match id.0.parse::<i64>() {
-                Ok(id) => Some(id),
-                // Not one of this backend's job ids: no record can have it.
-                Err(_) => return Ok(Vec::new()),
-            },
-            None => None,
-        };
-        let rows = q(&self.inner.sql.list_failures)
-            .bind(query.kind.clone())
-            .bind(query.open)
-            .bind(query.failed_before)
-            .bind(after)
-            .bind(query.page_size() as i64)
-            .bind(query.key.as_ref().map(|k| k.as_str().to_owned()))
-            .bind(job_id)
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "list failure records"))?;
-        rows.iter().map(record_from).collect()
-    }
-
-    async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
-        let row = q(&self.inner.sql.get_failure)
-            .bind(parse_record_id(id)?)
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "get failure record"))?;
-        record_from(&row.ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))?)
-    }
-
-    async fn count_open(&self) -> Result<u64> {
-        let n: i64 = q(&self.inner.sql.count_open)
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "count failure records"))?
-            .get(0);
-        Ok(n as u64)
-    }
-
-    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
-        let closed = q(&self.inner.sql.discard)
-            .bind(parse_record_id(id)?)
-            .bind(reason)
-            .bind(actor)
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "discard"))?;
-        if closed.is_none() {
-            self.get(id).await?; // NotFound, or already closed: nothing to do
-        }
-        Ok(())
-    }
-
-    async fn purge(&self, age: Duration) -> Result<u64> {
-        let purged: i64 = q(&self.inner.sql.purge)
-            .bind(age.as_secs_f64())
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "purge"))?
-            .get("purged");
-        Ok(purged.max(0) as u64)
-    }
-}
-
-impl Replay for PgBackend {
-    async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
-        let row = q(&self.inner.sql.replay)
-            .bind(parse_record_id(id)?)
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "replay"))?;
-        match row {
-            Some(row) => {
-                self.wake();
-                Ok(ReplayOutcome::Replayed(JobId(row.get::<i64, _>("id").to_string())))
-            }
-            None => {
-                let record = self.get(id).await?;
-                if record.state.is_open() {
-                    return Err(Error::new(ErrorKind::NotFound, format!("the job of record {id} is gone")));
-                }
-                Ok(ReplayOutcome::AlreadyClosed(record.state))
-            }
-        }
-    }
-}
-
-impl Ledger for PgBackend {
-    async fn begin(
-        &self,
-        key: &IdempotencyKey,
-        payload: &Value,
-        provider_key: ProviderKey,
-        hold: Duration,
-    ) -> Result<Begin> {
-        let fingerprint = &payload_fingerprint(payload);
-        let token = Uuid::new_v4();
-        let taken = q(&self.inner.sql.ledger_begin)
-            .bind(key.as_str())
-            .bind(fingerprint)
-            .bind(token)
-            .bind(hold.as_secs_f64())
-            .bind(provider_key.as_uuid())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "ledger begin"))?;
-        if let Some(row) = taken {
-            // Rows from before provider keys were kept in the ledger have none: this one's is used.
-            let stored = row.get::<Option<Uuid>, _>("provider_key").map_or(provider_key, ProviderKey::from_uuid);
-            let hold = Hold { key: key.clone(), token: token.to_string(), provider_key: stored, lease: None };
-            return Ok(if row.get::<bool, _>("fresh") { Begin::Fresh(hold) } else { Begin::Resumed(hold) });
-        }
-        let row = q(&self.inner.sql.ledger_state)
-            .bind(key.as_str())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "ledger state"))?
-            .ok_or_else(|| Error::temporary(format!("key {key} changed while it was read")))?;
-        if row.get::<String, _>("fingerprint") != *fingerprint {
-            return Err(Error::new(ErrorKind::KeyConflict, format!("key {key} was used with a different payload")));
-        }
-        Ok(match row.get::<&str, _>("state") {
-            "done" => Begin::Done(row.get::<Option<Value>, _>("result").unwrap_or(Value::Null)),
-            _ => Begin::Busy(Duration::from_secs_f64(row.get::<f64, _>("held_for_secs"))),
-        })
-    }
-
-    async fn extend_hold(&self, hold: &Hold, by: Duration) -> Result<()> {
-        if let Some(lease) = &hold.lease {
-            // The hold is a job's lease: keeping it is renewing the lease.
-            return self.renew(lease, by).await.map(|_| ());
-        }
-        let row = q(&self.inner.sql.ledger_extend)
-            .bind(hold.key.as_str())
-            .bind(Uuid::parse_str(&hold.token).unwrap_or_default())
-            .bind(by.as_secs_f64())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "ledger extend"))?;
-        row.map(|_| ())
-            .ok_or_else(|| Error::new(ErrorKind::LeaseLost, format!("key {} is no longer held here", hold.key)))
-    }
-
-    async fn release_hold(&self, hold: &Hold) -> Result<()> {
-        if hold.lease.is_some() {
-            return Ok(()); // settling the job settles its row
-        }
-        q(&self.inner.sql.ledger_release)
-            .bind(hold.key.as_str())
-            .bind(Uuid::parse_str(&hold.token).unwrap_or_default())
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "ledger release"))?;
-        Ok(())
-    }
-
-    async fn finish(&self, hold: &Hold, result: &Value) -> Result<()> {
-        if let Some(lease) = &hold.lease {
-            // Done with its result, and the job complete, in one fenced write.
-            return self.complete(lease, Some(result)).await;
-        }
-        q(&self.inner.sql.ledger_finish)
-            .bind(hold.key.as_str())
-            .bind(result)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "ledger finish"))?;
-        Ok(())
-    }
-}

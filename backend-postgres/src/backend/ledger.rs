@@ -1,0 +1,99 @@
+//! The effect ledger for keys that are not this backend's jobs (another queue's, alerts'): the
+//! `processed_keys` table. A hold that is one of this backend's job leases is kept by the lease.
+
+use std::time::Duration;
+
+use redrive_core::{
+    Begin, Claim, Error, ErrorKind, Hold, IdempotencyKey, Ledger, ProviderKey, Renew, Result, payload_fingerprint,
+};
+use serde_json::Value;
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::PgBackend;
+use crate::error::db;
+use crate::sql::q;
+
+impl Ledger for PgBackend {
+    async fn begin(
+        &self,
+        key: &IdempotencyKey,
+        payload: &Value,
+        provider_key: ProviderKey,
+        hold: Duration,
+    ) -> Result<Begin> {
+        let fingerprint = &payload_fingerprint(payload);
+        let token = Uuid::new_v4();
+        let taken = q(&self.inner.sql.ledger_begin)
+            .bind(key.as_str())
+            .bind(fingerprint)
+            .bind(token)
+            .bind(hold.as_secs_f64())
+            .bind(provider_key.as_uuid())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "ledger begin"))?;
+        if let Some(row) = taken {
+            // Rows from before provider keys were kept in the ledger have none: this one's is used.
+            let stored = row.get::<Option<Uuid>, _>("provider_key").map_or(provider_key, ProviderKey::from_uuid);
+            let hold = Hold { key: key.clone(), token: token.to_string(), provider_key: stored, lease: None };
+            return Ok(if row.get::<bool, _>("fresh") { Begin::Fresh(hold) } else { Begin::Resumed(hold) });
+        }
+        let row = q(&self.inner.sql.ledger_state)
+            .bind(key.as_str())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "ledger state"))?
+            .ok_or_else(|| Error::temporary(format!("key {key} changed while it was read")))?;
+        if row.get::<String, _>("fingerprint") != *fingerprint {
+            return Err(Error::new(ErrorKind::KeyConflict, format!("key {key} was used with a different payload")));
+        }
+        Ok(match row.get::<&str, _>("state") {
+            "done" => Begin::Done(row.get::<Option<Value>, _>("result").unwrap_or(Value::Null)),
+            _ => Begin::Busy(Duration::from_secs_f64(row.get::<f64, _>("held_for_secs"))),
+        })
+    }
+
+    async fn extend_hold(&self, hold: &Hold, by: Duration) -> Result<()> {
+        if let Some(lease) = &hold.lease {
+            // The hold is a job's lease: keeping it is renewing the lease.
+            return self.renew(lease, by).await.map(|_| ());
+        }
+        let row = q(&self.inner.sql.ledger_extend)
+            .bind(hold.key.as_str())
+            .bind(Uuid::parse_str(&hold.token).unwrap_or_default())
+            .bind(by.as_secs_f64())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "ledger extend"))?;
+        row.map(|_| ())
+            .ok_or_else(|| Error::new(ErrorKind::LeaseLost, format!("key {} is no longer held here", hold.key)))
+    }
+
+    async fn release_hold(&self, hold: &Hold) -> Result<()> {
+        if hold.lease.is_some() {
+            return Ok(()); // settling the job settles its row
+        }
+        q(&self.inner.sql.ledger_release)
+            .bind(hold.key.as_str())
+            .bind(Uuid::parse_str(&hold.token).unwrap_or_default())
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "ledger release"))?;
+        Ok(())
+    }
+
+    async fn finish(&self, hold: &Hold, result: &Value) -> Result<()> {
+        if let Some(lease) = &hold.lease {
+            // Done with its result, and the job complete, in one fenced write.
+            return self.complete(lease, Some(result)).await;
+        }
+        q(&self.inner.sql.ledger_finish)
+            .bind(hold.key.as_str())
+            .bind(result)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "ledger finish"))?;
+        Ok(())
+    }
+}

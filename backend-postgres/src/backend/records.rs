@@ -1,0 +1,142 @@
+//! Failure records: reading, discarding, purging and replaying them.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redrive_core::{
+    AttemptError, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey, RecordState,
+    Replay, ReplayOutcome, Result,
+};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use super::{PgBackend, key_from, severity_from};
+use crate::error::db;
+use crate::sql::q;
+
+fn parse_record_id(id: &FailureId) -> Result<i64> {
+    id.0.parse().map_err(|_| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))
+}
+
+pub(super) fn record_from(row: &PgRow) -> Result<FailureRecord> {
+    let state = match row.get::<&str, _>("state") {
+        "open" => RecordState::Open,
+        "replayed" => {
+            RecordState::Replayed { at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default() }
+        }
+        _ => RecordState::Discarded {
+            at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default(),
+            reason: row.get::<Option<String>, _>("discard_reason").unwrap_or_default(),
+            actor: row.get::<Option<String>, _>("discarded_by").unwrap_or_default(),
+        },
+    };
+    let errors: Vec<AttemptError> = serde_json::from_value(row.get("errors"))
+        .map_err(|e| Error::new(ErrorKind::Decode, "stored error history does not decode").with_source(e))?;
+    Ok(FailureRecord {
+        id: FailureId(row.get::<i64, _>("id").to_string()),
+        job_id: JobId(row.get::<i64, _>("job_id").to_string()),
+        kind: row.get("kind"),
+        key: key_from(row.get("idempotency_key"))?,
+        provider_key: ProviderKey::from_uuid(row.get("provider_key")),
+        payload: row.get("payload"),
+        last_error: row.get("last_error"),
+        errors,
+        attempts: row.get::<i32, _>("attempts") as u32,
+        cap: row.get::<i32, _>("cap") as u32,
+        severity: severity_from(row.get("severity")),
+        first_failed_at: row.get("first_failed_at"),
+        last_failed_at: row.get("last_failed_at"),
+        state,
+    })
+}
+
+impl DeadLetter for PgBackend {
+    async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
+        let after = query.after.as_ref().map(parse_record_id).transpose()?.unwrap_or(0);
+        let job_id = match &query.job_id {
+            Some(id) => match id.0.parse::<i64>() {
+                Ok(id) => Some(id),
+                // Not one of this backend's job ids: no record can have it.
+                Err(_) => return Ok(Vec::new()),
+            },
+            None => None,
+        };
+        let rows = q(&self.inner.sql.list_failures)
+            .bind(query.kind.clone())
+            .bind(query.open)
+            .bind(query.failed_before)
+            .bind(after)
+            .bind(query.page_size() as i64)
+            .bind(query.key.as_ref().map(|k| k.as_str().to_owned()))
+            .bind(job_id)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "list failure records"))?;
+        rows.iter().map(record_from).collect()
+    }
+
+    async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
+        let row = q(&self.inner.sql.get_failure)
+            .bind(parse_record_id(id)?)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "get failure record"))?;
+        record_from(&row.ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))?)
+    }
+
+    async fn count_open(&self) -> Result<u64> {
+        let n: i64 = q(&self.inner.sql.count_open)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "count failure records"))?
+            .get(0);
+        Ok(n as u64)
+    }
+
+    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        let closed = q(&self.inner.sql.discard)
+            .bind(parse_record_id(id)?)
+            .bind(reason)
+            .bind(actor)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "discard"))?;
+        if closed.is_none() {
+            self.get(id).await?; // NotFound, or already closed: nothing to do
+        }
+        Ok(())
+    }
+
+    async fn purge(&self, age: Duration) -> Result<u64> {
+        let purged: i64 = q(&self.inner.sql.purge)
+            .bind(age.as_secs_f64())
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "purge"))?
+            .get("purged");
+        Ok(purged.max(0) as u64)
+    }
+}
+
+impl Replay for PgBackend {
+    async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
+        let row = q(&self.inner.sql.replay)
+            .bind(parse_record_id(id)?)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "replay"))?;
+        match row {
+            Some(row) => {
+                self.wake();
+                Ok(ReplayOutcome::Replayed(JobId(row.get::<i64, _>("id").to_string())))
+            }
+            None => {
+                let record = self.get(id).await?;
+                if record.state.is_open() {
+                    return Err(Error::new(ErrorKind::NotFound, format!("the job of record {id} is gone")));
+                }
+                Ok(ReplayOutcome::AlreadyClosed(record.state))
+            }
+        }
+    }
+}
