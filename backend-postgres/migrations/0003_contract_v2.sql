@@ -15,3 +15,8 @@ ALTER TABLE {schema}.processed_keys ADD COLUMN provider_key uuid;
 -- and by key (`FailureQuery::by_key`).
 CREATE INDEX failed_jobs_job ON {schema}.failed_jobs (job_id);
 CREATE INDEX failed_jobs_key ON {schema}.failed_jobs (idempotency_key);
+
+-- `prune_done` prunes the ledger's done keys (other queues' jobs, alerts) and applied effects by
+-- age: found by these, not by reading the tables whole.
+CREATE INDEX processed_keys_done ON {schema}.processed_keys (updated_at) WHERE state = 'done';
+CREATE INDEX applied_effects_age ON {schema}.applied_effects (applied_at);

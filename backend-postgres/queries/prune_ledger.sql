@@ -6,6 +6,7 @@ WITH keys AS (
     WHERE idempotency_key = ANY(ARRAY(
         SELECT idempotency_key FROM {schema}.processed_keys
         WHERE state = 'done' AND updated_at < now() - make_interval(secs => $1)
+        ORDER BY updated_at
         LIMIT $2
     ))
     RETURNING 1
@@ -14,6 +15,7 @@ WITH keys AS (
     WHERE idempotency_key = ANY(ARRAY(
         SELECT idempotency_key FROM {schema}.applied_effects
         WHERE applied_at < now() - make_interval(secs => $1)
+        ORDER BY applied_at
         LIMIT $2
     ))
     RETURNING 1

@@ -646,4 +646,3 @@ impl QueueStats for PgBackend {
         Ok(Counts { queued: count("queued"), running: count("running") })
     }
 }
-

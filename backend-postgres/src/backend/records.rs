@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive_core::{
-    AttemptError, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey, RecordState,
-    Replay, ReplayOutcome, Result,
+    AttemptError, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey,
+    RecordState, Replay, ReplayOutcome, Result,
 };
 use sqlx::Row;
 use sqlx::postgres::PgRow;

@@ -1,0 +1,131 @@
+//! What SQS messages and queues look like to redrive: names, attributes, the job a body carries,
+//! and the queue calls setup needs.
+
+use super::*;
+
+/// SQS queue names: 1 to 80 of A-Z a-z 0-9 - _, with `.fifo` at the end of FIFO queues.
+pub(super) fn check_queue_name(name: &str) -> Result<()> {
+    let base = name.strip_suffix(".fifo").unwrap_or(name);
+    let ok = !base.is_empty()
+        && name.len() <= 80
+        && base.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::InvalidName, format!("queue name {name:?} must be 1 to 80 of A-Z a-z 0-9 - _")))
+    }
+}
+
+pub(super) fn audit_name(dlq: &str) -> String {
+    format!("{}-audit", dlq.strip_suffix(".fifo").unwrap_or(dlq))
+}
+
+pub(super) fn secs(d: Duration) -> i32 {
+    d.min(MAX_VISIBILITY).as_secs_f64().ceil() as i32
+}
+
+pub(super) fn string_attr(value: &str) -> MessageAttributeValue {
+    MessageAttributeValue::builder().data_type("String").string_value(value).build().expect("type and value are set")
+}
+
+pub(super) fn config_error(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Config, message)
+}
+
+#[derive(Debug)]
+pub(super) struct CountRequests(pub(super) Arc<AtomicU64>);
+
+impl aws_sdk_sqs::config::Intercept for CountRequests {
+    fn name(&self) -> &'static str {
+        "redrive-count-requests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _components: &aws_sdk_sqs::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_sqs::config::ConfigBag,
+    ) -> std::result::Result<(), aws_sdk_sqs::error::BoxError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// The job a message carries: its envelope, or, for a body that is not one, a stand-in made of
+/// the attributes (or the message id) with the body as its payload and a cap of 1, and why it is
+/// not an envelope (naming no value of the body).
+pub(super) fn carried_job(
+    id: &str,
+    body: &str,
+    attrs: Option<&HashMap<String, MessageAttributeValue>>,
+    sent: DateTime<Utc>,
+) -> (Envelope, Option<String>) {
+    let why = match Envelope::decode(body.as_bytes()) {
+        Ok(env) => return (env, None),
+        Err(e) => e.message().to_owned(),
+    };
+    let attr = |name: &str| attrs.and_then(|a| a.get(name)).and_then(|v| v.string_value()).map(str::to_owned);
+    let stand_in = Envelope {
+        v: redrive_core::envelope::ENVELOPE_VERSION,
+        kind: attr(ATTR_KIND).unwrap_or_else(|| "unknown".into()),
+        key: attr(ATTR_KEY)
+            .and_then(|k| IdempotencyKey::parse(k).ok())
+            .unwrap_or_else(|| IdempotencyKey::parse(format!("sqs:message={id}")).expect("a valid key")),
+        provider_key: attr(ATTR_PROVIDER_KEY)
+            .and_then(|p| p.parse().ok())
+            .map_or_else(ProviderKey::mint, ProviderKey::from_uuid),
+        cap: 1,
+        severity: Severity::Error,
+        enqueued_at: sent,
+        payload: Value::String(body.to_owned()),
+    };
+    (stand_in, Some(why))
+}
+
+/// Whether `text` is in a body or any attribute's value.
+pub(super) fn mentions(body: &str, attrs: Option<&HashMap<String, MessageAttributeValue>>, text: &str) -> bool {
+    body.contains(text) || attrs.is_some_and(|a| a.values().any(|v| v.string_value().is_some_and(|s| s.contains(text))))
+}
+
+/// The attempts a deferred copy carries over ([`ATTR_SPENT`]); 0 on a message never deferred.
+pub(super) fn spent(attrs: &HashMap<String, MessageAttributeValue>) -> u32 {
+    attrs.get(ATTR_SPENT).and_then(|v| v.string_value()).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+pub(super) fn sent_at(system: &HashMap<MessageSystemAttributeName, String>) -> DateTime<Utc> {
+    system
+        .get(&MessageSystemAttributeName::SentTimestamp)
+        .and_then(|t| t.parse::<i64>().ok())
+        .and_then(|ms| Utc.timestamp_millis_opt(ms).single())
+        .unwrap_or_else(Utc::now)
+}
+
+pub(super) async fn queue_url(client: &Client, name: &str) -> Result<String> {
+    let out = client.get_queue_url().queue_name(name).send().await.map_err(|e| sdk(e, "find queue"))?;
+    out.queue_url.ok_or_else(|| Error::new(ErrorKind::NotFound, format!("queue {name} has no URL")))
+}
+
+pub(super) async fn queue_attributes(client: &Client, url: &str) -> Result<HashMap<QueueAttributeName, String>> {
+    let out = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .map_err(|e| sdk(e, "read queue attributes"))?;
+    Ok(out.attributes.unwrap_or_default())
+}
+
+pub(super) async fn create_queue(
+    client: &Client,
+    name: &str,
+    attrs: &[(QueueAttributeName, String)],
+) -> Result<String> {
+    check_queue_name(name)?;
+    let mut request = client.create_queue().queue_name(name);
+    for (k, v) in attrs {
+        request = request.attributes(k.clone(), v);
+    }
+    let out = request.send().await.map_err(|e| sdk(e, "create queue"))?;
+    out.queue_url.ok_or_else(|| Error::temporary(format!("queue {name} was created without a URL")))
+}
