@@ -21,6 +21,20 @@ async fn started<Q: Queue, L: Ledger + Clone + 'static>(run: &Run<Q, L>, id: u32
     .await
 }
 
+/// Waits until the worker frozen by `freeze` has died (been frozen whole).
+async fn died<Q: Queue, L: Ledger + Clone + 'static>(
+    run: &Run<Q, L>,
+    freeze: &Arc<Freeze>,
+    what: &str,
+) -> Result<(), crate::Violation> {
+    let dead = Arc::clone(freeze);
+    run.wait_for(what, || {
+        let dead = Arc::clone(&dead);
+        async move { dead.is_dead() }
+    })
+    .await
+}
+
 /// Behaviour 15: A handler whose renewals (lease and key hold) cannot get through for longer
 /// than a lease is cancelled before its key's hold lapses; the next attempt runs it: one effect.
 pub async fn stalled_heartbeat<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
@@ -105,12 +119,7 @@ pub async fn provider_key_once<Q: Queue, L: Ledger + Clone + 'static>(subject: S
     let freeze = Arc::new(Freeze::default());
     run.script.kill_switch(&freeze);
     let dying = run.frozen_worker(&freeze, run.config(1, run.s.timing.lease, Duration::ZERO));
-    let dead = Arc::clone(&freeze);
-    run.wait_for("the first attempt to call and die", || {
-        let dead = Arc::clone(&dead);
-        async move { dead.is_dead() }
-    })
-    .await?;
+    died(&run, &freeze, "the first attempt to call and die").await?;
     let survivor = run.worker(2);
     run.wait_for_effects(1).await?;
     run.settle().await;
@@ -235,12 +244,7 @@ pub async fn alert_delivery<Q: Queue, L: Ledger + Clone + 'static>(subject: Subj
     let freeze = Arc::new(Freeze::default());
     freeze.die_after_record();
     let dying = run.frozen_worker(&freeze, run.config(1, run.s.timing.lease, Duration::ZERO));
-    let dead = Arc::clone(&freeze);
-    run.wait_for("the worker to write the record and die", || {
-        let dead = Arc::clone(&dead);
-        async move { dead.is_dead() }
-    })
-    .await?;
+    died(&run, &freeze, "the worker to write the record and die").await?;
     ensure!(run, alerts_of(64) == 0, "the dying worker should not have alerted");
     let survivor = run.worker(1);
     let script = Arc::clone(&run.script);

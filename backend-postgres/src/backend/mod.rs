@@ -228,7 +228,7 @@ impl PgBackend {
     /// effect ledger's done keys and applied effects as old; returns how many jobs. Run it now and then (a daily task), or the tables keep every job ever done. The
     /// age is the dedupe window it leaves: a key enqueued again after its job was pruned makes a
     /// new job, so keep it longer than any producer may repeat a job. Failure records are pruned
-    /// apart, by [`DeadLetter::purge`].
+    /// apart, by [`DeadLetter::purge`](redrive_core::DeadLetter::purge).
     pub async fn prune_done(&self, older_than: Duration) -> Result<u64> {
         // Bounded transactions: a large first prune does not hold its locks for long.
         const CHUNK: i64 = 10_000;

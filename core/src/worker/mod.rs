@@ -55,7 +55,9 @@ pub struct WorkerConfig {
     /// (default: a third of the lease). The ledger hold is extended at this pace (or a third of
     /// the lease) either way, for as long as the handler runs. Where the job's lease is its key's
     /// hold (Postgres jobs), that keeps the lease too: a hung handler then holds its job for as
-    /// long as its process lives, heartbeat or not.
+    /// long as its process lives, heartbeat or not. If no renewal of the hold gets through before
+    /// it would lapse, the handler is cancelled first (counted in [`WorkerStats::cancelled`]) and
+    /// the job retried, so that two attempts of one key never run at once.
     pub heartbeat: Option<Duration>,
     /// How long one claim call waits for work (default 1 s; also bounds shutdown latency).
     pub poll: Duration,
