@@ -314,7 +314,47 @@ async fn setups_that_lose_data_are_refused_at_start() {
         .await
         .unwrap();
     let err = SqsBackend::connect(common::config(&short)).await.unwrap_err();
-    assert!(err.kind() == ErrorKind::Config && err.message().contains("less than the source"), "{err}");
+    assert!(err.kind() == ErrorKind::Config && err.message().contains("not longer than the source"), "{err}");
+
+    // A DLQ that keeps records only as long as the source keeps jobs: a job moved on its last
+    // day would vanish with it.
+    let equal = common::name("equal");
+    let dlq = client
+        .create_queue()
+        .queue_name(format!("{equal}-dlq"))
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "345600")
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let arn = client
+        .get_queue_attributes()
+        .queue_url(&dlq)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap()
+        .remove(&QueueAttributeName::QueueArn)
+        .unwrap();
+    let policy = serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": 5}).to_string();
+    client
+        .create_queue()
+        .queue_name(&equal)
+        .attributes(QueueAttributeName::RedrivePolicy, policy)
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "345600")
+        .send()
+        .await
+        .unwrap();
+    let err = SqsBackend::connect(common::config(&equal)).await.unwrap_err();
+    assert!(err.kind() == ErrorKind::Config && err.message().contains("not longer than the source"), "{err}");
+
+    // Setup leaves the DLQ room to keep records longer, or refuses.
+    let max = QueueSetup { retention: Duration::from_secs(14 * 24 * 3600), ..QueueSetup::default() };
+    let err = SqsBackend::setup(common::config(&common::name("max")), max).await.unwrap_err();
+    assert!(err.kind() == ErrorKind::Config && err.message().contains("14"), "{err}");
 
     // A cap above maxReceiveCount is refused at enqueue, before anything is sent.
     let queue = common::queue("cap", QueueSetup { max_receive_count: 3, ..QueueSetup::default() }).await;
@@ -325,4 +365,76 @@ async fn setups_that_lose_data_are_refused_at_start() {
     // Names SQS would refuse.
     let err = SqsBackend::connect(common::config("no spaces allowed")).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidName);
+}
+
+/// A handler that always fails for good with a long error full of control characters.
+fn failing_worker(queue: &SqsBackend, ledger: &PgBackend, error: String, alerts: &Arc<Mutex<u32>>) -> RunningWorker {
+    let alerts = Arc::clone(alerts);
+    let config = WorkerConfig { poll: Duration::from_millis(200), ..WorkerConfig::default() };
+    Worker::builder(queue.clone(), ledger.clone())
+        .config(config)
+        .handle::<Blob>(move |_job: Blob, _ctx: JobContext| {
+            let error = error.clone();
+            async move { Err::<(), _>(JobError::permanent(error)) }
+        })
+        .alert_fn(move |_alert| {
+            let alerts = Arc::clone(&alerts);
+            async move {
+                *alerts.lock().unwrap() += 1;
+                Ok(())
+            }
+        })
+        .build()
+        .start()
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Blob {
+    id: u32,
+    data: String,
+}
+
+impl Job for Blob {
+    const KIND: &'static str = "blob";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("id", self.id)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_at_the_size_limit_failing_with_a_long_error_full_of_escapes_leaves_one_readable_record() {
+    use redrive_core::Backend;
+    let queue = common::queue("limit", QueueSetup::default()).await;
+    let ledger = common::ledger().await;
+    // The largest payload enqueue takes, less 100 bytes.
+    let limit = queue.capabilities().max_payload;
+    let empty = NewJob::from_job(&Blob { id: 1, data: String::new() }).unwrap();
+    let overhead = redrive_core::Envelope::new(&empty).encode().len() + 200;
+    let job = NewJob::from_job(&Blob { id: 1, data: "x".repeat(limit - 100 - overhead) }).unwrap();
+    queue.enqueue(job.clone()).await.unwrap();
+    let too_big = NewJob::from_job(&Blob { id: 2, data: "x".repeat(limit) }).unwrap();
+    assert_eq!(queue.enqueue(too_big).await.unwrap_err().kind(), ErrorKind::PayloadTooLarge);
+
+    // 5 KiB of error with ESC and form feed, which SQS refuses in an attribute value.
+    let error = format!("card declined \u{1b}[31m\u{c}{}", "e".repeat(5 * 1024));
+    let alerts = Arc::new(Mutex::new(0));
+    let w = failing_worker(&queue, &ledger, error, &alerts);
+    wait_for("the failure record", 30, async || queue.count_open().await.unwrap() >= 1).await;
+    wait_for("its alert", 10, async || *alerts.lock().unwrap() >= 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.shutdown().await;
+    let records = queue.list(&FailureQuery::open()).await.unwrap();
+    assert_eq!((records.len(), *alerts.lock().unwrap()), (1, 1), "one record, one alert");
+    let record = &records[0];
+    assert_eq!(record.payload, job.payload, "the record keeps the whole payload");
+    assert!(record.last_error.starts_with("card declined \\u{1b}[31m\\u{c}"), "{}", &record.last_error[..40]);
+    assert!(!record.last_error.contains('\u{1b}') && record.last_error.len() <= 4096);
+
+    // The replay sends one message, and the job runs from it.
+    assert!(matches!(queue.replay(&record.id).await.unwrap(), ReplayOutcome::Replayed(_)));
+    let replayed = next(&queue, 10).await;
+    assert_eq!(replayed.job.payload, job.payload);
+    queue.complete(&replayed.lease, None).await.unwrap();
+    assert!(queue_empty(&queue).await, "exactly one message was sent");
+    assert_eq!(queue.count_open().await.unwrap(), 0);
 }

@@ -1,7 +1,61 @@
 //! What SQS messages and queues look like to redrive: names, attributes, the job a body carries,
 //! and the queue calls setup needs.
 
+use std::borrow::Cow;
+
 use super::*;
+
+/// Room kept beside a job's message for what its failure record and audit entry add: the
+/// record's attributes with the longest error kept, and the error twice more in the audit copy.
+/// Enqueue refuses a job that would leave less, so that every job can always be dead-lettered.
+pub(super) const RECORD_ROOM: usize = 10 * 1024;
+
+/// The bytes SQS counts for a message: the body, and each attribute's name, type and value.
+pub(super) fn message_size(body: &str, attrs: &HashMap<String, MessageAttributeValue>) -> usize {
+    let attr = |(name, value): (&String, &MessageAttributeValue)| {
+        name.len() + value.data_type().len() + value.string_value().map_or(0, str::len)
+    };
+    body.len() + attrs.iter().map(attr).sum::<usize>()
+}
+
+/// Text SQS accepts in an attribute value: the characters XML allows. Any other (a control
+/// character such as ESC or form feed, which an error text may well carry) is written as
+/// `\u{1b}`, so that a send never fails on it.
+pub(super) fn clean(text: &str) -> Cow<'_, str> {
+    let allowed = |c: char| matches!(c, '\u{9}' | '\u{a}' | '\u{d}' | '\u{20}'..='\u{d7ff}' | '\u{e000}'..='\u{fffd}' | '\u{10000}'..);
+    if text.chars().all(allowed) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.chars().map(|c| if allowed(c) { c.to_string() } else { format!("\\u{{{:x}}}", c as u32) }).collect(),
+    )
+}
+
+/// At most `max` bytes of `text`, cut at a character boundary.
+pub(super) fn cut(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Splits messages of `sizes` bytes into batches of at most ten that SQS accepts: together no
+/// more than `max` bytes, attributes counted. A message is never split; one alone may be `max`.
+pub(super) fn batches(sizes: &[usize], max: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < sizes.len() {
+        let (mut end, mut bytes) = (start, 0);
+        while end < sizes.len() && end - start < 10 && (end == start || bytes + sizes[end] <= max) {
+            bytes += sizes[end];
+            end += 1;
+        }
+        out.push(start..end);
+        start = end;
+    }
+    out
+}
 
 /// SQS queue names: 1 to 80 of A-Z a-z 0-9 - _, with `.fifo` at the end of FIFO queues.
 pub(super) fn check_queue_name(name: &str) -> Result<()> {

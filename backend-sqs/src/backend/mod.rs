@@ -42,6 +42,10 @@ const ATTR_SPENT: &str = "redrive-spent";
 const SPENT_ROOM: usize = ATTR_SPENT.len() + 6 + 10;
 /// The last error kept on a DLQ message, in bytes; the rest is in the worker's log.
 const MAX_ERROR_LEN: usize = 4096;
+/// The longest retention SQS accepts (14 days): what the DLQ and the audit queue keep.
+const MAX_RETENTION: Duration = Duration::from_secs(1_209_600);
+/// The largest message SQS accepts (1 MiB): what the DLQ and the audit queue take.
+const MAX_MESSAGE: usize = 1_048_576;
 /// The longest visibility SQS accepts (12 h).
 const MAX_VISIBILITY: Duration = Duration::from_secs(43_200);
 /// The longest `DelaySeconds` SQS accepts (15 min); a longer deferral comes back early and is
@@ -164,11 +168,25 @@ impl SqsBackend {
         let retention = |a: &HashMap<QueueAttributeName, String>| {
             a.get(&QueueAttributeName::MessageRetentionPeriod).and_then(|v| v.parse::<u64>().ok()).unwrap_or(345_600)
         };
-        if retention(&dlq_attrs) < retention(&attrs) {
+        // A message moved by the redrive policy keeps its first enqueue time, so the DLQ must keep
+        // messages longer than the source did (AWS's guidance), not just as long.
+        if retention(&dlq_attrs) <= retention(&attrs) {
             return Err(config_error(format!(
-                "the dead-letter queue keeps messages {} s, less than the source's {} s: records would expire before their jobs",
+                "the dead-letter queue keeps messages {} s, not longer than the source's {} s: records would expire \
+                 before anyone reads them",
                 retention(&dlq_attrs),
                 retention(&attrs)
+            )));
+        }
+        let size = |a: &HashMap<QueueAttributeName, String>| {
+            a.get(&QueueAttributeName::MaximumMessageSize).and_then(|v| v.parse::<usize>().ok()).unwrap_or(262_144)
+        };
+        if size(&dlq_attrs) < size(&attrs) {
+            return Err(config_error(format!(
+                "the dead-letter queue takes messages up to {} bytes, less than the source's {}: a job's failure \
+                 record might not fit",
+                size(&dlq_attrs),
+                size(&attrs)
             )));
         }
         let audit = audit_name(dlq_name);
@@ -178,10 +196,7 @@ impl SqsBackend {
         let info = |url: String, a: &HashMap<QueueAttributeName, String>| QueueInfo {
             url,
             fifo: a.get(&QueueAttributeName::FifoQueue).is_some_and(|v| v == "true"),
-            max_message_size: a
-                .get(&QueueAttributeName::MaximumMessageSize)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(262_144),
+            max_message_size: size(a),
         };
         let deleter = Deleter::start(client.clone(), source_url.clone());
         Ok(Self {
@@ -209,25 +224,37 @@ impl SqsBackend {
         let suffix = if setup.fifo { ".fifo" } else { "" };
         let base = config.queue.strip_suffix(".fifo").unwrap_or(&config.queue).to_owned();
         let (source, dlq) = (format!("{base}{suffix}"), format!("{base}-dlq{suffix}"));
-        let retention = setup.retention.as_secs().clamp(60, 1_209_600).to_string();
-        let size = setup.max_message_size.clamp(1024, 1_048_576).to_string();
-        let mut common = vec![
-            (QueueAttributeName::MessageRetentionPeriod, retention.clone()),
-            (QueueAttributeName::MaximumMessageSize, size),
-        ];
-        if setup.fifo {
-            common.push((QueueAttributeName::FifoQueue, "true".into()));
+        if setup.retention >= MAX_RETENTION {
+            return Err(config_error(format!(
+                "a retention of {} s leaves the dead-letter queue no room to keep records longer: SQS keeps a \
+                 message 14 days ({} s) at most",
+                setup.retention.as_secs(),
+                MAX_RETENTION.as_secs()
+            )));
         }
-        let dlq_url = create_queue(&client, &dlq, &common).await?;
+        let retention = setup.retention.as_secs().max(60).to_string();
+        let size = setup.max_message_size.clamp(1024, MAX_MESSAGE).to_string();
+        let fifo = || setup.fifo.then(|| (QueueAttributeName::FifoQueue, "true".to_owned()));
+        // The DLQ and the audit queue keep records as long as SQS allows, and take the largest
+        // messages, so that every job the source accepts has room for its record.
+        let (longest, largest) = (MAX_RETENTION.as_secs().to_string(), MAX_MESSAGE.to_string());
+        let records = [
+            (QueueAttributeName::MessageRetentionPeriod, longest.clone()),
+            (QueueAttributeName::MaximumMessageSize, largest.clone()),
+        ];
+        let dlq_url = create_queue(&client, &dlq, &records.iter().cloned().chain(fifo()).collect::<Vec<_>>()).await?;
         let dlq_arn = queue_attributes(&client, &dlq_url)
             .await?
             .remove(&QueueAttributeName::QueueArn)
             .ok_or_else(|| Error::temporary("the new DLQ has no ARN"))?;
         let policy = serde_json::json!({ "deadLetterTargetArn": dlq_arn, "maxReceiveCount": setup.max_receive_count });
-        let mut source_attrs = common.clone();
-        source_attrs.push((QueueAttributeName::RedrivePolicy, policy.to_string()));
-        create_queue(&client, &source, &source_attrs).await?;
-        create_queue(&client, &audit_name(&dlq), &[(QueueAttributeName::MessageRetentionPeriod, retention)]).await?;
+        let source_attrs = [
+            (QueueAttributeName::MessageRetentionPeriod, retention),
+            (QueueAttributeName::MaximumMessageSize, size),
+            (QueueAttributeName::RedrivePolicy, policy.to_string()),
+        ];
+        create_queue(&client, &source, &source_attrs.into_iter().chain(fifo()).collect::<Vec<_>>()).await?;
+        create_queue(&client, &audit_name(&dlq), &records).await?;
         Self::connect(SqsConfig { queue: source, ..config }).await
     }
 
@@ -291,6 +318,12 @@ impl SqsBackend {
         Ok(false)
     }
 
+    /// The largest message a job may be, attributes included: what the source takes, with room
+    /// for a deferral's attribute, and what leaves room for its record in the DLQ.
+    fn max_message(&self) -> usize {
+        self.inner.source.max_message_size.min(self.inner.dlq.max_message_size.saturating_sub(RECORD_ROOM))
+    }
+
     fn outgoing(&self, job: &NewJob) -> Result<(String, HashMap<String, MessageAttributeValue>)> {
         if job.cap > self.inner.max_receive_count {
             return Err(config_error(format!(
@@ -304,15 +337,14 @@ impl SqsBackend {
             (ATTR_KEY.to_owned(), string_attr(job.key.as_str())),
             (ATTR_PROVIDER_KEY.to_owned(), string_attr(&job.provider_key.to_string())),
         ]);
-        let size = body.len()
-            + attrs.iter().map(|(k, v)| k.len() + 6 + v.string_value().map_or(0, str::len)).sum::<usize>()
-            + SPENT_ROOM;
-        if size > self.inner.source.max_message_size {
+        let size = message_size(&body, &attrs) + SPENT_ROOM;
+        if size > self.max_message() {
             return Err(Error::new(
                 ErrorKind::PayloadTooLarge,
                 format!(
-                    "job {} is {size} bytes as a message, over the queue's {} bytes",
-                    job.key, self.inner.source.max_message_size
+                    "job {} is {size} bytes as a message, over the {} bytes that leave room for its failure record",
+                    job.key,
+                    self.max_message()
                 ),
             ));
         }
@@ -455,20 +487,10 @@ impl Enqueue for SqsBackend {
     async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         // Every message is checked before the first is sent.
         let messages = jobs.iter().map(|job| self.outgoing(job)).collect::<Result<Vec<_>>>()?;
+        let sizes: Vec<usize> = messages.iter().map(|(body, attrs)| message_size(body, attrs)).collect();
         let mut results = Vec::with_capacity(jobs.len());
-        let mut start = 0;
-        while start < messages.len() {
-            // At most ten entries, and no more bytes than one message may have.
-            let mut end = start;
-            let mut bytes = 0;
-            while end < messages.len()
-                && end - start < 10
-                && bytes + messages[end].0.len() <= self.inner.source.max_message_size
-            {
-                bytes += messages[end].0.len();
-                end += 1;
-            }
-            let end = end.max(start + 1);
+        for range in batches(&sizes, self.inner.source.max_message_size) {
+            let (start, end) = (range.start, range.end);
             let entries = (start..end).map(|i| {
                 let (body, attrs) = &messages[i];
                 let mut entry = SendMessageBatchRequestEntry::builder()
@@ -501,7 +523,6 @@ impl Enqueue for SqsBackend {
             for i in start..end {
                 results.push(Enqueued::Created(JobId(ids.remove(&i.to_string()).unwrap_or_default())));
             }
-            start = end;
         }
         Ok(results)
     }
@@ -511,7 +532,7 @@ impl Backend for SqsBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             dedupe: if self.inner.source.fifo { Dedupe::Window(Duration::from_secs(300)) } else { Dedupe::None },
-            max_payload: self.inner.source.max_message_size,
+            max_payload: self.max_message(),
             max_claim: 10,
             atomic_batch: false,
             // SQS counts receives and gives none back: not on a release, nor when the worker
@@ -631,20 +652,26 @@ impl Claim for SqsBackend {
             .encode()
         });
         let now = Utc::now();
-        let mut cut = error.len().min(MAX_ERROR_LEN);
-        while !error.is_char_boundary(cut) {
-            cut -= 1;
+        // Cleaned of what SQS refuses in an attribute, then cut to fit the record in the DLQ (a
+        // job from another producer may not have left the room enqueue keeps).
+        let cleaned = clean(error);
+        let mut last_error = cut(&cleaned, MAX_ERROR_LEN);
+        let attrs = |last_error: &str| {
+            HashMap::from([
+                (ATTR_KIND.to_owned(), string_attr(&job.kind)),
+                (ATTR_KEY.to_owned(), string_attr(job.key.as_str())),
+                (ATTR_PROVIDER_KEY.to_owned(), string_attr(&job.provider_key.to_string())),
+                (ATTR_ERROR.to_owned(), string_attr(last_error)),
+                (ATTR_ATTEMPTS.to_owned(), string_attr(&job.attempt.to_string())),
+                (ATTR_FAILED_AT.to_owned(), string_attr(&now.to_rfc3339_opts(SecondsFormat::Millis, true))),
+                (ATTR_SOURCE_ID.to_owned(), string_attr(&lease.job_id.0)),
+            ])
+        };
+        let over = message_size(&body, &attrs(last_error)).saturating_sub(self.inner.dlq.max_message_size);
+        if over > 0 {
+            last_error = cut(last_error, last_error.len().saturating_sub(over));
         }
-        let last_error = &error[..cut];
-        let attrs = HashMap::from([
-            (ATTR_KIND.to_owned(), string_attr(&job.kind)),
-            (ATTR_KEY.to_owned(), string_attr(job.key.as_str())),
-            (ATTR_PROVIDER_KEY.to_owned(), string_attr(&job.provider_key.to_string())),
-            (ATTR_ERROR.to_owned(), string_attr(last_error)),
-            (ATTR_ATTEMPTS.to_owned(), string_attr(&job.attempt.to_string())),
-            (ATTR_FAILED_AT.to_owned(), string_attr(&now.to_rfc3339_opts(SecondsFormat::Millis, true))),
-            (ATTR_SOURCE_ID.to_owned(), string_attr(&lease.job_id.0)),
-        ]);
+        let attrs = attrs(last_error);
         let record_id = self
             .send_to(&self.inner.dlq, body, attrs, &job.key, lease.job_id.0.clone(), "send to the dead-letter queue")
             .await?;
@@ -719,6 +746,22 @@ impl QueueStats for SqsBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batches_count_attributes_and_keep_ten_at_most() {
+        // Bodies alone would fit one batch; their attributes push it over the limit.
+        assert_eq!(batches(&[400, 400, 400], 1000), [0..2, 2..3]);
+        assert_eq!(batches(&[1000, 1, 1], 1000), [0..1, 1..3], "a message at the limit goes alone");
+        assert_eq!(batches(&[1; 25], 1000), [0..10, 10..20, 20..25]);
+        assert!(batches(&[], 1000).is_empty());
+    }
+
+    #[test]
+    fn attribute_text_is_cleaned_of_what_sqs_refuses() {
+        assert_eq!(clean("plain text, tabs\tand newlines\n"), "plain text, tabs\tand newlines\n");
+        assert_eq!(clean("red \u{1b}[31m page\u{c} \u{0}"), "red \\u{1b}[31m page\\u{c} \\u{0}");
+        assert_eq!(cut("añb", 2), "a", "cut at a character boundary");
+    }
 
     #[test]
     fn queue_names_follow_sqs_rules() {
