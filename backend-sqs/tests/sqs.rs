@@ -141,6 +141,31 @@ async fn a_crash_on_the_last_attempt_is_left_to_the_redrive_policy_and_still_rea
     assert!(r.last_error.contains("redrive policy"), "{}", r.last_error);
     assert_eq!(r.attempts, 2);
     assert_eq!(queue.count_open().await.unwrap(), 1, "listing did not consume it");
+
+    // No worker wrote it, so none alerted it: the next workers' sweeps do, once between them.
+    let ledger = common::ledger().await;
+    let alerts = Arc::new(Mutex::new(Vec::new()));
+    let start = || {
+        let alerts = Arc::clone(&alerts);
+        Worker::builder(queue.clone(), ledger.clone())
+            .alert_sweep(Duration::from_millis(300))
+            .handle::<Ship>(|_job: Ship, _ctx: JobContext| async { Ok::<_, JobError>(()) })
+            .alert_fn(move |alert| {
+                let alerts = Arc::clone(&alerts);
+                async move {
+                    alerts.lock().unwrap().push(alert.record.id.clone());
+                    Ok(())
+                }
+            })
+            .build()
+            .start()
+    };
+    let (a, b) = (start(), start());
+    wait_for("the sweep's alert", 15, async || !alerts.lock().unwrap().is_empty()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // several sweeps of both workers
+    a.shutdown().await;
+    b.shutdown().await;
+    assert_eq!(*alerts.lock().unwrap(), [r.id.clone()], "one alert for the moved record");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -437,4 +462,59 @@ async fn a_job_at_the_size_limit_failing_with_a_long_error_full_of_escapes_leave
     queue.complete(&replayed.lease, None).await.unwrap();
     assert!(queue_empty(&queue).await, "exactly one message was sent");
     assert_eq!(queue.count_open().await.unwrap(), 0);
+}
+
+/// Runs `tests/boto3_envelope.py` with boto3, the official AWS SDK for Python (moto's venv has it:
+/// `scripts/services env` names it), and reads what it prints.
+fn boto3(args: &[&str]) -> serde_json::Value {
+    let python = std::env::var("REDRIVE_BOTO3_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(&python)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/boto3_envelope.py"))
+        .args(args)
+        .env("REDRIVE_SQS_ENDPOINT", common::endpoint())
+        .output()
+        .unwrap_or_else(|e| panic!("boto3's Python ({python}) is required (run scripts/test): {e}"));
+    assert!(out.status.success(), "boto3 failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("the script prints JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boto3_reads_the_records_a_worker_writes_and_sends_jobs_a_worker_runs_as_envelope_md_says() {
+    let name = common::name("boto3");
+    let queue = SqsBackend::setup(common::config(&name), QueueSetup::default()).await.unwrap();
+    let ledger = common::ledger().await;
+    let client = common::raw_client().await;
+    let dlq = client.get_queue_url().queue_name(format!("{name}-dlq")).send().await.unwrap().queue_url.unwrap();
+
+    // A job sent by Python, from the documentation alone, runs in the Rust worker.
+    let sent = boto3(&["send", queue.queue_url()]);
+    let effects: Effects = Arc::default();
+    let w = worker(
+        &queue,
+        &ledger,
+        WorkerConfig { poll: Duration::from_millis(200), ..WorkerConfig::default() },
+        Duration::ZERO,
+        &effects,
+    );
+    wait_for("the Python job to run", 20, async || !effects.lock().unwrap().is_empty()).await;
+    w.shutdown().await;
+    assert_eq!(*effects.lock().unwrap(), [(77, 1)]);
+    assert_eq!(sent["key"], "ship:parcel=77");
+
+    // A record the Rust worker writes reads in Python as the documentation says.
+    queue.enqueue(NewJob::from_job(&Blob { id: 5, data: "kept for a replay".into() }).unwrap()).await.unwrap();
+    let alerts = Arc::new(Mutex::new(0));
+    let w = failing_worker(&queue, &ledger, "card declined".into(), &alerts);
+    wait_for("the failure record", 20, async || queue.count_open().await.unwrap() >= 1).await;
+    w.shutdown().await;
+    let records = boto3(&["read", &dlq]);
+    let record = &records[0];
+    assert_eq!(records.as_array().map(Vec::len), Some(1), "{records}");
+    assert_eq!(record["missing_fields"], serde_json::json!([]), "{record}");
+    assert_eq!((&record["v"], &record["kind"], &record["key"]), (&1.into(), &"blob".into(), &"blob:id=5".into()));
+    assert_eq!(record["payload"], serde_json::json!({"id": 5, "data": "kept for a replay"}));
+    assert_eq!(record["attributes_agree"], true, "{record}");
+    assert_eq!((&record["error"], &record["attempts"]), (&"card declined".into(), &1.into()));
+    assert_eq!(record["failed_at_parses"], true);
+    assert!(record["source_id"].as_str().is_some_and(|id| !id.is_empty()), "{record}");
 }
