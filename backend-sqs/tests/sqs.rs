@@ -165,7 +165,7 @@ async fn a_crash_on_the_last_attempt_is_left_to_the_redrive_policy_and_still_rea
     tokio::time::sleep(Duration::from_secs(2)).await; // several sweeps of both workers
     a.shutdown().await;
     b.shutdown().await;
-    assert_eq!(*alerts.lock().unwrap(), [r.id.clone()], "one alert for the moved record");
+    assert_eq!(*alerts.lock().unwrap(), std::slice::from_ref(&r.id), "one alert for the moved record");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

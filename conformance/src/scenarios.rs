@@ -132,6 +132,13 @@ async fn exhaust_one<Q: Queue, L: Ledger + Clone + 'static>(
         "the record should keep kind and provider key"
     );
     ensure!(run, r.first_failed_at <= r.last_failed_at, "first failure after last failure");
+    let attempts: Vec<u32> = r.errors.iter().map(|e| e.attempt).collect();
+    ensure!(run, attempts == expected, "the record's history should hold attempts {expected:?}, holds {attempts:?}");
+    ensure!(
+        run,
+        r.errors.first().is_some_and(|e| e.at == r.first_failed_at),
+        "the first failure's time should be the first error's"
+    );
     let alerts =
         run.script.alerts.lock().unwrap().iter().skip(alerts_before).filter(|a| a.record.key == job.key).count();
     ensure!(run, alerts == 1, "expected exactly one alert for the record, got {alerts}");

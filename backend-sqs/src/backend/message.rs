@@ -8,7 +8,38 @@ use super::*;
 /// Room kept beside a job's message for what its failure record and audit entry add: the
 /// record's attributes with the longest error kept, and the error twice more in the audit copy.
 /// Enqueue refuses a job that would leave less, so that every job can always be dead-lettered.
-pub(super) const RECORD_ROOM: usize = 10 * 1024;
+pub(super) const RECORD_ROOM: usize = 16 * 1024;
+
+/// Failed attempts a message and its record carry: the first (for when the failures began) and
+/// the latest ones, each error cut to [`HISTORY_ERROR_LEN`] bytes.
+pub(super) const HISTORY: usize = 6;
+pub(super) const HISTORY_ERROR_LEN: usize = 512;
+/// Room enqueue keeps for the history a retried copy carries: each entry's error (cleaned
+/// before it is cut, so JSON escaping at most doubles it), attempt and time, and the attribute's
+/// name and type.
+pub(super) const HISTORY_ROOM: usize = HISTORY * (HISTORY_ERROR_LEN * 2 + 80) + 32;
+
+/// The history carried in `attrs`, with attempt `attempt`'s `error` added, as the attribute's
+/// JSON text: the first entry and the latest, at most [`HISTORY`]. Errors are cleaned and cut
+/// before they go in, so the text is always what SQS accepts.
+pub(super) fn history(attrs: &HashMap<String, MessageAttributeValue>, attempt: u32, error: &str) -> String {
+    let mut errors = carried_errors(Some(attrs));
+    let error = cut(&clean(error), HISTORY_ERROR_LEN).to_owned();
+    errors.push(AttemptError { attempt, at: Utc::now(), error });
+    if errors.len() > HISTORY {
+        errors.drain(1..errors.len() - (HISTORY - 1));
+    }
+    clean(&serde_json::to_string(&errors).expect("errors serialize")).into_owned()
+}
+
+/// The history a message carries, oldest first; empty where it has none.
+pub(super) fn carried_errors(attrs: Option<&HashMap<String, MessageAttributeValue>>) -> Vec<AttemptError> {
+    attrs
+        .and_then(|a| a.get(ATTR_ERRORS))
+        .and_then(|v| v.string_value())
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default()
+}
 
 /// The bytes SQS counts for a message: the body, and each attribute's name, type and value.
 pub(super) fn message_size(body: &str, attrs: &HashMap<String, MessageAttributeValue>) -> usize {

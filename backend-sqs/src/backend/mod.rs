@@ -37,6 +37,9 @@ const ATTR_FAILED_AT: &str = "redrive-failed-at";
 const ATTR_SOURCE_ID: &str = "redrive-source-id";
 /// On a deferred copy: the attempts the job had spent before it, added to the copy's receive count.
 const ATTR_SPENT: &str = "redrive-spent";
+/// The job's failed attempts so far (JSON, oldest first, bounded: see [`history`]), carried by
+/// each retried copy and by the record.
+const ATTR_ERRORS: &str = "redrive-errors";
 /// Room kept at enqueue for [`ATTR_SPENT`], so that every message can be deferred: the name,
 /// SQS's allowance for the type, and a `u32` in decimal.
 const SPENT_ROOM: usize = ATTR_SPENT.len() + 6 + 10;
@@ -337,7 +340,7 @@ impl SqsBackend {
             (ATTR_KEY.to_owned(), string_attr(job.key.as_str())),
             (ATTR_PROVIDER_KEY.to_owned(), string_attr(&job.provider_key.to_string())),
         ]);
-        let size = message_size(&body, &attrs) + SPENT_ROOM;
+        let size = message_size(&body, &attrs) + SPENT_ROOM + HISTORY_ROOM;
         if size > self.max_message() {
             return Err(Error::new(
                 ErrorKind::PayloadTooLarge,
@@ -532,7 +535,9 @@ impl Backend for SqsBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             dedupe: if self.inner.source.fifo { Dedupe::Window(Duration::from_secs(300)) } else { Dedupe::None },
-            max_payload: self.max_message(),
+            // What a message may hold beside what enqueue keeps room for (the envelope and the
+            // first attributes count too: a payload this large is refused by a few hundred bytes).
+            max_payload: self.max_message().saturating_sub(SPENT_ROOM + HISTORY_ROOM),
             max_claim: 10,
             atomic_batch: false,
             // SQS counts receives and gives none back: not on a release, nor when the worker
@@ -581,11 +586,34 @@ impl Claim for SqsBackend {
         Ok(())
     }
 
-    async fn retry(&self, lease: &Lease, delay: Duration, _error: &str) -> Result<()> {
-        // SQS keeps no per-attempt error: the worker logs it, and the last one travels with the
-        // message to the dead-letter queue.
-        // The entry stays: this receipt fences an older one until the message is deleted.
-        self.hand_back(lease, delay, "retry").await
+    /// Like a deferral, a copy sent with the delay and the original deleted, but this attempt
+    /// counted and its error added to the history the copy carries ([`ATTR_ERRORS`]), so that
+    /// the record keeps every failed attempt. FIFO queues, and delays over SQS's 15 minutes, wait
+    /// out the visibility instead: the attempt is counted, its error only logged.
+    async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
+        self.fence(lease)?;
+        if self.inner.source.fifo || delay > MAX_DELAY {
+            // The entry stays: this receipt fences an older one until the message is deleted.
+            return self.hand_back(lease, delay, "retry").await;
+        }
+        let Some(Kept { body, mut attrs, attempt }) = self.take_message(lease) else {
+            return self.set_visibility(lease, delay, "retry").await;
+        };
+        attrs.insert(ATTR_SPENT.to_owned(), string_attr(&attempt.to_string()));
+        let errors = history(&attrs, attempt, error);
+        attrs.insert(ATTR_ERRORS.to_owned(), string_attr(&errors));
+        self.inner
+            .client
+            .send_message()
+            .queue_url(&self.inner.source.url)
+            .message_body(body)
+            .set_message_attributes(Some(attrs))
+            .delay_seconds(delay.as_secs_f64().ceil() as i32)
+            .send()
+            .await
+            .map_err(|e| sdk(e, "send the retried copy"))?;
+        self.forget_deferred(lease);
+        self.inner.deleter.delete(lease.token.clone()).await
     }
 
     /// A copy of the message, with the attempts spent before this receive, is sent with the
@@ -656,6 +684,16 @@ impl Claim for SqsBackend {
         // job from another producer may not have left the room enqueue keeps).
         let cleaned = clean(error);
         let mut last_error = cut(&cleaned, MAX_ERROR_LEN);
+        // The failed attempts the message carries, with this one: the record's history.
+        let carried = self
+            .inner
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&lease.job_id.0)
+            .and_then(|h| h.message.as_ref().map(|k| k.attrs.clone()))
+            .unwrap_or_default();
+        let errors = history(&carried, job.attempt, error);
         let attrs = |last_error: &str| {
             HashMap::from([
                 (ATTR_KIND.to_owned(), string_attr(&job.kind)),
@@ -665,6 +703,7 @@ impl Claim for SqsBackend {
                 (ATTR_ATTEMPTS.to_owned(), string_attr(&job.attempt.to_string())),
                 (ATTR_FAILED_AT.to_owned(), string_attr(&now.to_rfc3339_opts(SecondsFormat::Millis, true))),
                 (ATTR_SOURCE_ID.to_owned(), string_attr(&lease.job_id.0)),
+                (ATTR_ERRORS.to_owned(), string_attr(&errors)),
             ])
         };
         let over = message_size(&body, &attrs(last_error)).saturating_sub(self.inner.dlq.max_message_size);
@@ -694,11 +733,11 @@ impl Claim for SqsBackend {
             provider_key: job.provider_key,
             payload: job.payload.clone(),
             last_error: last_error.to_owned(),
-            errors: vec![AttemptError { attempt: job.attempt, at: now, error: last_error.to_owned() }],
+            first_failed_at: carried_errors(Some(&carried)).first().map_or(now, |e| e.at),
+            errors: serde_json::from_str(&errors).unwrap_or_default(),
             attempts: job.attempt,
             cap: job.cap,
             severity: job.severity,
-            first_failed_at: now,
             last_failed_at: now,
             state: RecordState::Open,
         }))
@@ -807,6 +846,7 @@ mod tests {
             ATTR_FAILED_AT,
             ATTR_SOURCE_ID,
             ATTR_SPENT,
+            ATTR_ERRORS,
         ] {
             assert!(doc.contains(&format!("| `{name}` |")), "docs/envelope.md does not name the attribute {name}");
         }

@@ -203,6 +203,11 @@ impl SqsBackend {
             format!("moved to the dead-letter queue by the redrive policy after {attempts} attempts; no worker recorded an error")
         });
         let (env, undecodable) = carried_job(&id, body, attrs, failed_at);
+        let mut errors = carried_errors(attrs);
+        if errors.is_empty() {
+            errors.push(AttemptError { attempt: attempts, at: failed_at, error: last_error.clone() });
+        }
+        let first_failed_at = errors.first().map_or(failed_at, |e| e.at);
         let record = FailureRecord {
             id: FailureId(id.clone()),
             job_id: JobId(attr(ATTR_SOURCE_ID).unwrap_or(id)),
@@ -211,11 +216,11 @@ impl SqsBackend {
             provider_key: env.provider_key,
             payload: env.payload,
             last_error: last_error.clone(),
-            errors: vec![AttemptError { attempt: attempts, at: failed_at, error: last_error }],
+            errors,
             attempts,
             cap: env.cap,
             severity: env.severity,
-            first_failed_at: failed_at,
+            first_failed_at,
             last_failed_at: failed_at,
             state: RecordState::Open,
         };
