@@ -518,3 +518,28 @@ async fn boto3_reads_the_records_a_worker_writes_and_sends_jobs_a_worker_runs_as
     assert_eq!(record["failed_at_parses"], true);
     assert!(record["source_id"].as_str().is_some_and(|id| !id.is_empty()), "{record}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_fifo_a_copy_is_dropped_and_a_conflicting_payload_becomes_a_record_not_a_silent_drop() {
+    let queue = common::queue("fifo", QueueSetup { fifo: true, ..QueueSetup::default() }).await;
+    let ledger = common::ledger().await;
+    let key = redrive_core::IdempotencyKey::builder("ship").fact("parcel", 9).build().unwrap();
+    let first = NewJob::new("ship", key.clone(), serde_json::json!({"parcel": 9})).unwrap();
+    let other = NewJob::new("ship", key, serde_json::json!({"parcel": 9, "note": "another address"})).unwrap();
+    queue.enqueue(first.clone()).await.unwrap();
+    queue.enqueue(first.clone()).await.unwrap(); // within SQS's five minutes: dropped
+    queue.enqueue(other.clone()).await.unwrap();
+    let effects: Effects = Arc::default();
+    let config = WorkerConfig { poll: Duration::from_millis(200), ..WorkerConfig::default() };
+    let w = worker(&queue, &ledger, config, Duration::ZERO, &effects);
+    wait_for("the conflict's record", 20, async || queue.count_open().await.unwrap() >= 1).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    w.shutdown().await;
+    assert_eq!(*effects.lock().unwrap(), [(9, 1)], "the first payload's effect, once");
+    let records = queue.list(&FailureQuery::open()).await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert!(records[0].last_error.contains("different payload"), "{}", records[0].last_error);
+    // SQS delivers a group in order (the first payload wins); moto may not: either way the one
+    // that lost is kept, never dropped.
+    assert!([&first.payload, &other.payload].contains(&&records[0].payload), "the record holds a payload that lost");
+}

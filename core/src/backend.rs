@@ -37,7 +37,9 @@ use crate::redact::debug_redacted;
 pub enum Dedupe {
     /// Both copies are delivered; the effect ledger keeps the effect to one (SQS standard, Azure).
     None,
-    /// Within this window after the first, a second copy is dropped (SQS FIFO: 5 minutes; QStash).
+    /// Within this window after the first, a second copy with the same payload is dropped (SQS
+    /// FIFO: 5 minutes; QStash); a copy with another payload is delivered, and the effect ledger
+    /// turns it into a key-conflict record.
     Window(Duration),
     /// For as long as the first job is kept: a second copy answers
     /// [`Enqueued::Duplicate`] (Postgres, memory).

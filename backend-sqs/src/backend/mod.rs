@@ -483,7 +483,7 @@ impl SqsBackend {
 impl Enqueue for SqsBackend {
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
         // FIFO: SQS drops a copy with the same key for five minutes.
-        let dedupe = job.key.to_string();
+        let dedupe = fifo_dedupe_id(&job);
         Ok(Enqueued::Created(self.send(&job, dedupe, "send").await?))
     }
 
@@ -501,7 +501,8 @@ impl Enqueue for SqsBackend {
                     .message_body(body)
                     .set_message_attributes(Some(attrs.clone()));
                 if self.inner.source.fifo {
-                    entry = entry.message_group_id(jobs[i].key.as_str()).message_deduplication_id(jobs[i].key.as_str());
+                    entry =
+                        entry.message_group_id(jobs[i].key.as_str()).message_deduplication_id(fifo_dedupe_id(&jobs[i]));
                 }
                 entry.build().expect("id and body are set")
             });
