@@ -588,7 +588,7 @@ impl Claim for SqsBackend {
     }
 
     /// Like a deferral, a copy sent with the delay and the original deleted, but this attempt
-    /// counted and its error added to the history the copy carries ([`ATTR_ERRORS`]), so that
+    /// counted and its error added to the history the copy carries (`redrive-errors`), so that
     /// the record keeps every failed attempt. FIFO queues, and delays over SQS's 15 minutes, wait
     /// out the visibility instead: the attempt is counted, its error only logged.
     async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
