@@ -6,6 +6,9 @@ WITH keys AS (
     WHERE idempotency_key = ANY(ARRAY(
         SELECT idempotency_key FROM {schema}.processed_keys
         WHERE state = 'done' AND updated_at < now() - make_interval(secs => $1)
+          -- Alert keys stay while their record may: pruned, the sweep would alert it again.
+          -- `purge` removes them with their records.
+          AND idempotency_key NOT LIKE 'redrive\_alert:%'
         ORDER BY updated_at
         LIMIT $2
     ))

@@ -4,7 +4,7 @@
 WITH purged AS (
     DELETE FROM {schema}.failed_jobs
     WHERE last_failed_at < now() - make_interval(secs => $1)
-    RETURNING job_id
+    RETURNING id, job_id
 ), gone AS (
     -- Every statement of this one sees the records as they were before it: a record that stays
     -- is one this statement does not delete.
@@ -17,5 +17,12 @@ WITH purged AS (
     RETURNING j.idempotency_key
 ), keys AS (
     DELETE FROM {schema}.job_keys WHERE idempotency_key = ANY(ARRAY(SELECT idempotency_key FROM gone))
+), alerts AS (
+    -- The records' alert keys (`redrive_alert:record=<id>:sink=<n>`, sinks 0 to 15), which
+    -- `prune_done` keeps: named whole, so they are found by the primary key.
+    DELETE FROM {schema}.processed_keys
+    WHERE idempotency_key = ANY(ARRAY(
+        SELECT 'redrive_alert:record=' || p.id || ':sink=' || sink FROM purged p, generate_series(0, 15) sink
+    ))
 )
 SELECT count(*) AS purged FROM purged

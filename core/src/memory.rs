@@ -407,12 +407,15 @@ impl DeadLetter for MemoryBackend {
                 state.records.iter().filter(|(_, r)| r.last_failed_at < horizon).map(|(n, _)| *n).collect();
             old.iter().filter_map(|n| state.records.remove(n)).collect()
         };
-        // A failed job goes with its records, payload and key: the key is free again.
+        // A failed job goes with its last record, payload, key and ledger entry: the key is free
+        // again. A job with a newer record (failed again after a replay) stays for it.
         for record in &purged {
             let Ok(id) = parse_id(&record.job_id.0) else { continue };
-            if state.jobs.get(&id).is_some_and(|j| j.status == Status::Failed) {
+            let recorded = state.records.values().any(|r| r.job_id == record.job_id);
+            if !recorded && state.jobs.get(&id).is_some_and(|j| j.status == Status::Failed) {
                 let job = state.jobs.remove(&id).expect("looked up above");
                 state.by_key.remove(&job.job.key);
+                state.ledger.remove(&job.job.key);
             }
         }
         Ok(purged.len() as u64)

@@ -79,6 +79,10 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
 
     /// Alerts every open record not alerted yet.
     async fn sweep_once(&self) {
+        // The count is cheap everywhere (on SQS a queue attribute); the listing may not be.
+        if self.queue.count_open().await.is_ok_and(|n| n == 0) {
+            return;
+        }
         let mut query = FailureQuery::open();
         loop {
             let page = match self.queue.list(&query).await {

@@ -82,6 +82,8 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             self.counters.add(Count::Deferred, 1);
             return self.settle(self.queue.defer(&claimed.lease, self.config.poll).await);
         };
+        // The hold starts when the ledger takes it: no later than now.
+        let asked = Instant::now();
         let begin = match &claimed.begun {
             Some(begun) => Ok(begun.clone()),
             None => self.ledger.begin(&job.key, &job.payload, job.provider_key, self.config.lease).await,
@@ -117,7 +119,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             }
         };
         self.infra.ok();
-        let held_from = if hold.lease.is_some() { claimed_at } else { Instant::now() };
+        let held_from = if hold.lease.is_some() { claimed_at } else { asked };
         let held_for = if hold.lease.is_some() { self.claim_lease } else { self.config.lease };
         let attempt = Attempt {
             claimed: &claimed,

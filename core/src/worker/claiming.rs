@@ -84,6 +84,11 @@ impl Infra {
     }
 }
 
+/// The largest power of two not above `n` (1 for 0).
+fn power_of_two_at_most(n: usize) -> usize {
+    if n <= 1 { 1 } else { 1 << (usize::BITS - 1 - n.leading_zeros()) }
+}
+
 /// Claims ahead of the running handlers: `claimers` claim calls in flight, each taking up to
 /// `batch` jobs, into a buffer the dispatcher hands to at most `concurrency` handlers. Beside
 /// them, the alert sweep.
@@ -134,18 +139,21 @@ async fn claimer<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
         }
         // Wait for room for the whole claim: claiming whatever little room there is would turn
         // one full claim into many small ones (each an API request on SQS).
-        let want = shared.claim_size();
+        let asked = shared.claim_size();
         tokio::select! {
-            permits = room.acquire_many(want as u32) => permits.expect("the semaphore is never closed").forget(),
+            permits = room.acquire_many(asked as u32) => permits.expect("the semaphore is never closed").forget(),
             () = stop.cancelled() => break,
         }
-        tokio::select! {
-            () = shared.wait_for_pace(want) => {}
+        // The pace may have changed while this claimer waited for room: it reserves what fits
+        // now, at most what it asked for, and gives the rest of the room back.
+        let want = tokio::select! {
+            want = shared.wait_for_pace(asked) => want,
             () = stop.cancelled() => {
-                room.add_permits(want);
+                room.add_permits(asked);
                 break;
             }
-        }
+        };
+        room.add_permits(asked - want);
         let claimed = match shared.queue.claim(&shared.kinds, want, shared.claim_lease, shared.config.poll).await {
             Ok(claimed) => {
                 failures = 0;
@@ -154,6 +162,7 @@ async fn claimer<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
             Err(e) => {
                 room.add_permits(want);
                 shared.buffered.fetch_sub(want, Ordering::Relaxed); // the reservation
+                shared.taken.notify_waiters();
                 failures += 1;
                 let pause =
                     Backoff { base: Duration::from_millis(100), max: Duration::from_secs(10), ..Backoff::default() };
@@ -169,6 +178,9 @@ async fn claimer<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
         let unfilled = want.saturating_sub(claimed.len());
         room.add_permits(unfilled);
         shared.buffered.fetch_sub(unfilled, Ordering::Relaxed);
+        if unfilled > 0 {
+            shared.taken.notify_waiters();
+        }
         shared.counters.add(Count::Claimed, claimed.len() as u64);
         let now = Instant::now();
         for job in claimed {
@@ -216,7 +228,9 @@ async fn dispatch<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
         let shared = Arc::clone(&shared);
         if claimed_at.elapsed() >= shared.claim_lease / 2 {
             // It waited in the buffer for half its claim lease: give it back rather than run it
-            // on a lease about to lapse.
+            // on a lease about to lapse. Its slot is free again at once: room for a claim.
+            drop((out, slot));
+            shared.taken.notify_waiters();
             tracker.spawn(async move { shared.give_back(&job).await }.instrument(span));
             continue;
         }
@@ -253,29 +267,30 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         self.pace.ahead(&self.config, self.claim_lease).max(self.slots.available_permits())
     }
 
-    /// Jobs to ask for in one claim: the claimers' share of the [`room`](Self::room), rounded up
-    /// to a power of two (a backend may prepare a statement per size: it sees few), at most
-    /// the batch.
+    /// Jobs to ask for in one claim: the claimers' share of the [`room`](Self::room), at most
+    /// the batch, rounded down to a power of two (a backend may prepare a statement per size: it
+    /// sees few). Never more than the room, or the claim could wait for room that never comes.
     fn claim_size(&self) -> usize {
-        let batch = self.batch();
-        self.room().div_ceil(self.config.claimers.max(1)).min(batch).next_power_of_two().min(batch)
+        power_of_two_at_most(self.room().div_ceil(self.config.claimers.max(1)).min(self.batch()))
     }
 
-    /// Waits until a claim of `want` more jobs keeps the buffer within the [`room`](Self::room),
-    /// then reserves their places (in `buffered`), so that two claimers never both claim for
-    /// the same idle handler.
-    async fn wait_for_pace(&self, want: usize) {
+    /// Waits until the buffer has room below the [`room`](Self::room), then reserves places in
+    /// it (in `buffered`) for up to `want` jobs, as many as fit now (rounded down to a power of
+    /// two), so that two claimers never both claim for the same idle handler. Returns how many.
+    async fn wait_for_pace(&self, want: usize) -> usize {
         loop {
             let taken = self.taken.notified();
             let mut taken = std::pin::pin!(taken);
             // Registered before looking, so a job taken in between is not missed.
             taken.as_mut().enable();
             let buffered = self.buffered.load(Ordering::Relaxed);
-            if buffered + want <= self.room() {
+            let free = self.room().saturating_sub(buffered);
+            if free > 0 {
+                let take = power_of_two_at_most(want.min(free));
                 let reserved =
-                    self.buffered.compare_exchange(buffered, buffered + want, Ordering::AcqRel, Ordering::Relaxed);
+                    self.buffered.compare_exchange(buffered, buffered + take, Ordering::AcqRel, Ordering::Relaxed);
                 if reserved.is_ok() {
-                    return;
+                    return take;
                 }
                 continue; // another claimer reserved meanwhile: look again
             }
@@ -286,6 +301,13 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     async fn give_back(&self, claimed: &Claimed) {
         debug!("handed back before it started");
         self.counters.add(Count::HandedBack, 1);
-        self.settle(self.queue.release(&claimed.lease).await);
+        // Its handler never ran: the job must not pay for it. Where a release keeps the attempt
+        // (SQS counts the receive), a deferral without delay gives it back.
+        let given_back = if self.caps.release_refunds {
+            self.queue.release(&claimed.lease).await
+        } else {
+            self.queue.defer(&claimed.lease, Duration::ZERO).await
+        };
+        self.settle(given_back);
     }
 }

@@ -489,3 +489,32 @@ async fn a_handler_whose_hold_cannot_be_renewed_is_cancelled_before_the_hold_lap
     assert!(cancelled_at < lease, "cancelled {cancelled_at:?} after the start; the hold lapses after {lease:?}");
     assert_eq!(*effects.lock().unwrap(), 0, "no effect from a handler that lost its hold");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_never_wait_for_more_room_than_there_is() {
+    // Three handlers and one claimer: a claim rounded up to four would wait for ever. Then the
+    // jobs turn slow after the pace has learned they are quick: claims sized for quick jobs must
+    // shrink to what fits, or the worker stops claiming.
+    let backend = MemoryBackend::new();
+    for n in 0..60 {
+        backend.enqueue_job(&Ping { n }).await.unwrap();
+    }
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(WorkerConfig { concurrency: 3, claimers: 1, ..fast() })
+        .handle::<Ping>(|job: Ping, _ctx: JobContext| async move {
+            if job.n >= 50 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok::<_, JobError>(())
+        })
+        .build()
+        .start();
+    for _ in 0..300 {
+        if worker.stats().succeeded == 60 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = worker.shutdown().await;
+    assert_eq!(stats.succeeded, 60, "{stats:?}");
+}
