@@ -225,10 +225,11 @@ impl PgBackend {
     }
 
     /// Deletes jobs that finished (done) more than `older_than` ago, with their keys, and the
-    /// effect ledger's done keys and applied effects as old; returns how many jobs. Run it now and then (a daily task), or the tables keep every job ever done. The
-    /// age is the dedupe window it leaves: a key enqueued again after its job was pruned makes a
-    /// new job, so keep it longer than any producer may repeat a job. Failure records are pruned
-    /// apart, by [`DeadLetter::purge`](redrive_core::DeadLetter::purge).
+    /// effect ledger's done keys of other queues' jobs and the applied effects as old; returns
+    /// how many jobs. Run it now and then (a daily task), or the tables keep every job ever done.
+    /// The age is the dedupe window it leaves: a key enqueued again after its job was pruned makes
+    /// a new job, so keep it longer than any producer may repeat a job. Failure records (and their
+    /// alert keys) are pruned apart, by [`DeadLetter::purge`](redrive_core::DeadLetter::purge).
     pub async fn prune_done(&self, older_than: Duration) -> Result<u64> {
         // Bounded transactions: a large first prune does not hold its locks for long.
         const CHUNK: i64 = 10_000;
@@ -246,7 +247,8 @@ impl PgBackend {
                 break;
             }
         }
-        // The ledger rows of other queues' keys and alerts, and same-database effects, as old.
+        // The ledger rows of other queues' keys, and same-database effects, as old (alert keys
+        // stay: they go with their records' purge).
         loop {
             let done: i64 = q(&self.inner.sql.prune_ledger)
                 .bind(older_than.as_secs_f64())
