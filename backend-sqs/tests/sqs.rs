@@ -298,6 +298,42 @@ async fn counts_read_the_source_queue_until_a_worker_drains_it() {
     assert_eq!(effects.lock().unwrap().len(), 3);
 }
 
+/// A source queue made by hand, its redrive policy pointing at its own `-dlq`, with the given
+/// retentions in seconds. Returns the source's name.
+async fn source_with_dlq(client: &aws_sdk_sqs::Client, label: &str, dlq_retention: &str, retention: &str) -> String {
+    let name = common::name(label);
+    let dlq = client
+        .create_queue()
+        .queue_name(format!("{name}-dlq"))
+        .attributes(QueueAttributeName::MessageRetentionPeriod, dlq_retention)
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let arn = client
+        .get_queue_attributes()
+        .queue_url(&dlq)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap()
+        .remove(&QueueAttributeName::QueueArn)
+        .unwrap();
+    let policy = serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": 5}).to_string();
+    client
+        .create_queue()
+        .queue_name(&name)
+        .attributes(QueueAttributeName::RedrivePolicy, policy)
+        .attributes(QueueAttributeName::MessageRetentionPeriod, retention)
+        .send()
+        .await
+        .unwrap();
+    name
+}
+
 #[tokio::test]
 async fn setups_that_lose_data_are_refused_at_start() {
     let client = common::raw_client().await;
@@ -307,74 +343,13 @@ async fn setups_that_lose_data_are_refused_at_start() {
     let err = SqsBackend::connect(common::config(&plain)).await.unwrap_err();
     assert!(err.kind() == ErrorKind::Config && err.message().contains("redrive policy"), "{err}");
 
-    // A DLQ that forgets sooner than the source.
-    let short = common::name("short");
-    let dlq = client
-        .create_queue()
-        .queue_name(format!("{short}-dlq"))
-        .attributes(QueueAttributeName::MessageRetentionPeriod, "60")
-        .send()
-        .await
-        .unwrap()
-        .queue_url
-        .unwrap();
-    let arn = client
-        .get_queue_attributes()
-        .queue_url(&dlq)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap()
-        .remove(&QueueAttributeName::QueueArn)
-        .unwrap();
-    let policy = serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": 5}).to_string();
-    client
-        .create_queue()
-        .queue_name(&short)
-        .attributes(QueueAttributeName::RedrivePolicy, policy)
-        .attributes(QueueAttributeName::MessageRetentionPeriod, "345600")
-        .send()
-        .await
-        .unwrap();
-    let err = SqsBackend::connect(common::config(&short)).await.unwrap_err();
-    assert!(err.kind() == ErrorKind::Config && err.message().contains("not longer than the source"), "{err}");
-
-    // A DLQ that keeps records only as long as the source keeps jobs: a job moved on its last
-    // day would vanish with it.
-    let equal = common::name("equal");
-    let dlq = client
-        .create_queue()
-        .queue_name(format!("{equal}-dlq"))
-        .attributes(QueueAttributeName::MessageRetentionPeriod, "345600")
-        .send()
-        .await
-        .unwrap()
-        .queue_url
-        .unwrap();
-    let arn = client
-        .get_queue_attributes()
-        .queue_url(&dlq)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap()
-        .remove(&QueueAttributeName::QueueArn)
-        .unwrap();
-    let policy = serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": 5}).to_string();
-    client
-        .create_queue()
-        .queue_name(&equal)
-        .attributes(QueueAttributeName::RedrivePolicy, policy)
-        .attributes(QueueAttributeName::MessageRetentionPeriod, "345600")
-        .send()
-        .await
-        .unwrap();
-    let err = SqsBackend::connect(common::config(&equal)).await.unwrap_err();
-    assert!(err.kind() == ErrorKind::Config && err.message().contains("not longer than the source"), "{err}");
+    // A DLQ that forgets sooner than the source, and one that keeps records only as long as the
+    // source keeps jobs: a job moved on its last day would vanish with it.
+    for (label, dlq_retention) in [("short", "60"), ("equal", "345600")] {
+        let name = source_with_dlq(&client, label, dlq_retention, "345600").await;
+        let err = SqsBackend::connect(common::config(&name)).await.unwrap_err();
+        assert!(err.kind() == ErrorKind::Config && err.message().contains("not longer than the source"), "{err}");
+    }
 
     // Setup leaves the DLQ room to keep records longer, or refuses.
     let max = QueueSetup { retention: Duration::from_secs(14 * 24 * 3600), ..QueueSetup::default() };

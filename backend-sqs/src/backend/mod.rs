@@ -417,6 +417,32 @@ impl SqsBackend {
         }
     }
 
+    /// Sends a copy of a held message (`body` and `attrs`) delayed by `delay` (at most SQS's 15
+    /// minutes), then deletes the original. The copy first: if the delete then fails, both are
+    /// delivered, which at-least-once delivery allows and the effect ledger dedupes; the other
+    /// order could lose the job.
+    async fn replace_by_copy(
+        &self,
+        lease: &Lease,
+        body: String,
+        attrs: HashMap<String, MessageAttributeValue>,
+        delay: Duration,
+        what: &str,
+    ) -> Result<()> {
+        self.inner
+            .client
+            .send_message()
+            .queue_url(&self.inner.source.url)
+            .message_body(body)
+            .set_message_attributes(Some(attrs))
+            .delay_seconds(delay.as_secs_f64().ceil() as i32)
+            .send()
+            .await
+            .map_err(|e| sdk(e, what))?;
+        self.forget_deferred(lease);
+        self.inner.deleter.delete(lease.token.clone()).await
+    }
+
     /// Hands the message back by its visibility; its body is no longer needed here.
     async fn hand_back(&self, lease: &Lease, after: Duration, what: &str) -> Result<()> {
         self.set_visibility(lease, after, what).await?;
@@ -603,18 +629,7 @@ impl Claim for SqsBackend {
         attrs.insert(ATTR_SPENT.to_owned(), string_attr(&attempt.to_string()));
         let errors = history(&attrs, attempt, error);
         attrs.insert(ATTR_ERRORS.to_owned(), string_attr(&errors));
-        self.inner
-            .client
-            .send_message()
-            .queue_url(&self.inner.source.url)
-            .message_body(body)
-            .set_message_attributes(Some(attrs))
-            .delay_seconds(delay.as_secs_f64().ceil() as i32)
-            .send()
-            .await
-            .map_err(|e| sdk(e, "send the retried copy"))?;
-        self.forget_deferred(lease);
-        self.inner.deleter.delete(lease.token.clone()).await
+        self.replace_by_copy(lease, body, attrs, delay, "send the retried copy").await
     }
 
     /// A copy of the message, with the attempts spent before this receive, is sent with the
@@ -633,20 +648,7 @@ impl Claim for SqsBackend {
         };
         // The receive being deferred is given back: the copy has spent one less than this attempt.
         attrs.insert(ATTR_SPENT.to_owned(), string_attr(&attempt.saturating_sub(1).to_string()));
-        self.inner
-            .client
-            .send_message()
-            .queue_url(&self.inner.source.url)
-            .message_body(body)
-            .set_message_attributes(Some(attrs))
-            .delay_seconds(delay.min(MAX_DELAY).as_secs_f64().ceil() as i32)
-            .send()
-            .await
-            .map_err(|e| sdk(e, "send the deferred copy"))?;
-        // The copy first: if this delete fails, both are delivered, which at-least-once delivery
-        // allows and the effect ledger dedupes; the other order could lose the job.
-        self.forget_deferred(lease);
-        self.inner.deleter.delete(lease.token.clone()).await
+        self.replace_by_copy(lease, body, attrs, delay.min(MAX_DELAY), "send the deferred copy").await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -38,6 +38,14 @@ fn fast() -> WorkerConfig {
     WorkerConfig { backoff: Backoff::NONE, poll: Duration::from_millis(50), ..WorkerConfig::default() }
 }
 
+/// Waits until the worker has run `n` handlers to success, or `within` has passed.
+async fn succeeded(worker: &RunningWorker, n: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    while worker.stats().succeeded < n && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn records(backend: &MemoryBackend, n: usize) -> Vec<crate::FailureRecord> {
     for _ in 0..200 {
         let list = backend.list(&FailureQuery::open()).await.unwrap();
@@ -103,12 +111,7 @@ async fn slow_jobs_are_claimed_for_free_handlers_only_never_to_wait_out_their_cl
         })
         .build()
         .start();
-    for _ in 0..300 {
-        if worker.stats().succeeded == 4 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    succeeded(&worker, 4, Duration::from_millis(3000)).await;
     let stats = worker.shutdown().await;
     // A job claimed behind a running 500 ms handler would wait past half its 300 ms claim
     // lease and be handed back, costing a receive on SQS each time.
@@ -127,12 +130,7 @@ async fn a_worker_claims_only_the_kinds_it_handles() {
         .handle::<Ping>(|_job: Ping, _ctx: JobContext| async { Ok::<_, JobError>(()) })
         .build()
         .start();
-    for _ in 0..200 {
-        if worker.stats().succeeded == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    succeeded(&worker, 1, Duration::from_millis(2000)).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let stats = worker.shutdown().await;
     assert_eq!((stats.claimed, stats.succeeded, stats.dead_lettered), (1, 1, 0));
@@ -509,12 +507,7 @@ async fn claims_never_wait_for_more_room_than_there_is() {
         })
         .build()
         .start();
-    for _ in 0..300 {
-        if worker.stats().succeeded == 60 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    succeeded(&worker, 60, Duration::from_millis(3000)).await;
     let stats = worker.shutdown().await;
     assert_eq!(stats.succeeded, 60, "{stats:?}");
 }
