@@ -77,8 +77,10 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         }
     }
 
-    /// Alerts every open record not alerted yet.
-    async fn sweep_once(&self) {
+    /// Alerts every open record not alerted yet, until `stop`. A listing is never cut short: on
+    /// SQS a listing receives the records for a moment, and one dropped half-way would leave
+    /// them hidden from every reader for the receive's visibility.
+    async fn sweep_once(&self, stop: &CancellationToken) {
         // The count is cheap everywhere (on SQS a queue attribute); the listing may not be.
         if self.queue.count_open().await.is_ok_and(|n| n == 0) {
             return;
@@ -92,6 +94,9 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             let full = page.len() == query.page_size();
             query.after = page.last().map(|r| r.id.clone());
             for record in page {
+                if stop.is_cancelled() {
+                    return;
+                }
                 self.alert(record).await;
             }
             if !full {
@@ -106,11 +111,8 @@ pub(super) async fn sweep<Q: Claim + DeadLetter, L: Ledger>(
     shared: std::sync::Arc<Shared<Q, L>>,
     stop: CancellationToken,
 ) {
-    loop {
-        tokio::select! {
-            () = shared.sweep_once() => {}
-            () = stop.cancelled() => return,
-        }
+    while !stop.is_cancelled() {
+        shared.sweep_once(&stop).await;
         tokio::select! {
             () = tokio::time::sleep(shared.config.alert_sweep) => {}
             () = stop.cancelled() => return,
