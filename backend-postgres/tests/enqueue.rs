@@ -116,3 +116,49 @@ async fn counts_follow_jobs_from_queued_to_running_to_done() {
     backend.complete(&last[0].lease, None).await.unwrap();
     assert_eq!(backend.counts().await.unwrap(), Counts { queued: 1, running: 0 });
 }
+
+#[tokio::test]
+async fn prune_done_keeps_alert_keys_and_purge_takes_them_with_their_records() {
+    use redrive_core::{IdempotencyKey, Ledger, ProviderKey};
+    let backend = common::backend("alertkeys").await;
+    let done = |key: &IdempotencyKey| {
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            let redrive_core::Begin::Fresh(hold) = backend
+                .begin(&key, &serde_json::json!({}), ProviderKey::mint(), Duration::from_secs(30))
+                .await
+                .unwrap()
+            else {
+                panic!("a new key is fresh")
+            };
+            backend.finish(&hold, &serde_json::Value::Null).await.unwrap();
+        }
+    };
+    // An alert key as the worker writes it for record 1, and another queue's job key.
+    let alert = IdempotencyKey::builder("redrive_alert").fact("record", 1).fact("sink", 0).build().unwrap();
+    let other = IdempotencyKey::builder("sqs_job").fact("n", 1).build().unwrap();
+    done(&alert).await;
+    done(&other).await;
+    let keys = || {
+        let backend = backend.clone();
+        async move {
+            let sql = format!("SELECT idempotency_key FROM \"{}\".processed_keys ORDER BY 1", backend.schema());
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(backend.pool()).await.unwrap();
+            rows.iter().map(|r| r.get::<String, _>(0)).collect::<Vec<_>>()
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    backend.prune_done(Duration::ZERO).await.unwrap();
+    assert_eq!(keys().await, [alert.to_string()], "other keys are pruned; the alert key stays with its record");
+
+    // A record with id 1, then its purge: its alert key goes with it.
+    let job = NewJob::from_job(&Receipt { order: 1, note: "x".into() }).unwrap();
+    backend.enqueue(job).await.unwrap();
+    let claimed = backend.claim(&redrive_core::Kinds::Any, 1, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    let record = backend.dead_letter(&claimed[0], "declined").await.unwrap().unwrap();
+    assert_eq!(record.id.0, "1");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    use redrive_core::DeadLetter;
+    assert_eq!(backend.purge(Duration::ZERO).await.unwrap(), 1);
+    assert!(keys().await.is_empty(), "the purged record's alert key is gone");
+}
