@@ -1,5 +1,5 @@
 //! The four checks of reliable jobs on Amazon SQS (here moto's server), with the effect ledger
-//! in PostgreSQL as an application keeps it, and the failure record read back from the DLQ.
+//! in PostgreSQL as an application keeps it, and the failure record read back from there.
 //!
 //! Run: `eval "$(scripts/services env)" && cargo run --example sqs --features sqs,postgres`
 
@@ -91,12 +91,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.subsec_nanos();
     let name = format!("redrive-example-{}-{nanos:x}", std::process::id());
     let config = SqsConfig::new(&name).with_static_credentials("test", "test").with_region("us-east-1");
-    let queue = SqsBackend::setup(config, QueueSetup::default()).await?;
+    // The effect ledger and the failure records live in the application's database.
     let ledger = PgBackend::connect(PgConfig::from_env()?.with_schema("redrive_example_sqs")).await?;
     redrive::postgres::sqlx::query("DROP SCHEMA IF EXISTS redrive_example_sqs CASCADE").execute(ledger.pool()).await?;
     ledger.migrate().await?;
+    let queue = SqsBackend::setup(config, QueueSetup::default(), ledger.clone()).await?;
     let (payments, alerts) = (Arc::new(Payments::default()), Arc::new(Mutex::new(Vec::new())));
-    println!("queue {name}, its DLQ {name}-dlq (maxReceiveCount {}), ledger in PostgreSQL", queue.max_receive_count());
+    println!(
+        "queue {name}, its DLQ {name}-dlq (maxReceiveCount {}), ledger and failure records in PostgreSQL",
+        queue.max_receive_count()
+    );
 
     println!("\n== 1. replay: the same job sent twice (a standard queue does not dedupe)");
     let charge = ChargeOrder { order: 1001, cents: 4_200 };
@@ -130,7 +134,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     wait_until("the alert", || !alerts.lock().unwrap().is_empty()).await;
     w.shutdown().await;
     let record = queue.list(&FailureQuery::open()).await?.remove(0);
-    println!("   read back from the DLQ (not consumed): record {}", record.id);
+    println!("   read back from the record store: record {}", record.id);
     println!("     kind {}  key {}", record.kind, record.key);
     println!("     payload  {}", record.payload);
     println!("     error    {}", record.last_error);

@@ -69,6 +69,15 @@ queries!(
     effect_begin,
     effect_result,
     notify,
+    broker_keep,
+    broker_list,
+    broker_cursor,
+    broker_get,
+    broker_count_open,
+    broker_take,
+    broker_close,
+    broker_purge,
+    broker_mention,
 );
 
 /// Runs a query string that was built from the files above.
@@ -80,10 +89,11 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, s
 /// schemas in one database migrate independently.
 pub(crate) fn migrator(schema: &str) -> Migrator {
     let quoted = format!("\"{schema}\"");
-    let files: [(i64, &str, &str); 3] = [
+    let files: [(i64, &str, &str); 4] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "done index", include_str!("../migrations/0002_done_index.sql")),
         (3, "contract v2", include_str!("../migrations/0003_contract_v2.sql")),
+        (4, "broker records", include_str!("../migrations/0004_broker_records.sql")),
     ];
     let migrations = files
         .into_iter()

@@ -45,17 +45,17 @@ async fn main() -> BoxResult<()> {
         .with_region("us-east-1")
         .with_static_credentials("test", "test")
         .with_max_wait(Duration::ZERO);
-    let queue = SqsBackend::setup(config.clone(), QueueSetup::default()).await?;
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let schema = format!("rdbench_sqs_{}", std::process::id());
     let ledger = PgBackend::connect(PgConfig::new(url).with_schema(&schema)).await?;
     ledger.migrate().await?;
+    let queue = SqsBackend::setup(config.clone(), QueueSetup::default(), ledger.clone()).await?;
 
     // A producer keeps a backlog of at most a few hundred messages while the worker drains it:
     // steady state, and moto slows down badly on deep queues. Each side has its own client, so
     // each request counter sees only its own calls.
     let producer = queue;
-    let consumer = SqsBackend::connect(config.clone()).await?;
+    let consumer = SqsBackend::connect(config.clone(), ledger.clone()).await?;
     let done = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&done);
     // Batches of ten, what one receive and one delete call can carry; two receives in flight

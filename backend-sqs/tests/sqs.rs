@@ -12,7 +12,7 @@ use redrive_core::{
     Claim, Claimed, Counts, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, Kinds,
     NewJob, QueueStats, QueueStatsExt, Replay, ReplayOutcome, RunningWorker, Worker, WorkerConfig,
 };
-use redrive_postgres::PgBackend;
+use redrive_postgres::{PgBackend, PgConfig};
 use redrive_sqs::{QueueSetup, SqsBackend};
 use serde::{Deserialize, Serialize};
 
@@ -192,7 +192,7 @@ async fn redrive_back_sends_a_new_message_and_the_effect_happens_once() {
 async fn a_deferred_message_comes_back_after_its_delay_with_its_attempt_and_never_reaches_the_redrive_policy() {
     let queue = common::queue("defer", QueueSetup { max_receive_count: 2, ..QueueSetup::default() }).await;
     let job = ship(6).with_cap(2);
-    queue.enqueue(job.clone()).await.unwrap();
+    let id = queue.enqueue(job.clone()).await.unwrap().id().clone();
     let mut claimed = next(&queue, 5).await;
     assert_eq!(claimed.job.attempt, 1);
     // More deferrals than maxReceiveCount: were they counted, SQS would move the message.
@@ -205,6 +205,7 @@ async fn a_deferred_message_comes_back_after_its_delay_with_its_attempt_and_neve
         assert!(waited >= Duration::from_millis(900), "round {round}: back after {waited:?}");
         assert_eq!(copy.job.attempt, 1, "round {round}: a deferral costs no attempt");
         assert_ne!(copy.lease.job_id, claimed.lease.job_id, "round {round}: a deferral sends a copy");
+        assert_eq!(copy.job.id, id, "round {round}: of the same job");
         assert_eq!((&copy.job.key, copy.job.provider_key), (&job.key, job.provider_key));
         assert_eq!((&copy.job.payload, copy.job.cap), (&job.payload, job.cap));
         claimed = copy;
@@ -220,8 +221,9 @@ async fn a_deferred_message_comes_back_after_its_delay_with_its_attempt_and_neve
     let last = next(&queue, 5).await;
     assert_eq!(last.job.attempt, 2, "the retry's attempt is kept, the deferred receive given back");
     let record = queue.dead_letter(&last, "carrier rejected the label").await.unwrap().expect("SQS writes it now");
-    assert_eq!(record.attempts, 2);
+    assert_eq!((record.attempts, &record.job_id), (2, &id), "the job's id, through deferrals and retries");
     assert_eq!(queue.list(&FailureQuery::open()).await.unwrap()[0].attempts, 2);
+    assert_eq!(queue.list(&FailureQuery::by_job(id)).await.unwrap().len(), 1, "found by the id enqueue gave");
     assert!(queue_empty(&queue).await, "the original was deleted with each deferral");
 }
 
@@ -340,20 +342,21 @@ async fn setups_that_lose_data_are_refused_at_start() {
     // No redrive policy at all.
     let plain = common::name("plain");
     client.create_queue().queue_name(&plain).send().await.unwrap();
-    let err = SqsBackend::connect(common::config(&plain)).await.unwrap_err();
+    let store = common::ledger().await;
+    let err = SqsBackend::connect(common::config(&plain), store.clone()).await.unwrap_err();
     assert!(err.kind() == ErrorKind::Config && err.message().contains("redrive policy"), "{err}");
 
     // A DLQ that forgets sooner than the source, and one that keeps records only as long as the
     // source keeps jobs: a job moved on its last day would vanish with it.
     for (label, dlq_retention) in [("short", "60"), ("equal", "345600")] {
         let name = source_with_dlq(&client, label, dlq_retention, "345600").await;
-        let err = SqsBackend::connect(common::config(&name)).await.unwrap_err();
+        let err = SqsBackend::connect(common::config(&name), store.clone()).await.unwrap_err();
         assert!(err.kind() == ErrorKind::Config && err.message().contains("not longer than the source"), "{err}");
     }
 
     // Setup leaves the DLQ room to keep records longer, or refuses.
     let max = QueueSetup { retention: Duration::from_secs(14 * 24 * 3600), ..QueueSetup::default() };
-    let err = SqsBackend::setup(common::config(&common::name("max")), max).await.unwrap_err();
+    let err = SqsBackend::setup(common::config(&common::name("max")), max, store.clone()).await.unwrap_err();
     assert!(err.kind() == ErrorKind::Config && err.message().contains("14"), "{err}");
 
     // A cap above maxReceiveCount is refused at enqueue, before anything is sent.
@@ -363,8 +366,16 @@ async fn setups_that_lose_data_are_refused_at_start() {
     assert!(queue_empty(&queue).await);
 
     // Names SQS would refuse.
-    let err = SqsBackend::connect(common::config("no spaces allowed")).await.unwrap_err();
+    let err = SqsBackend::connect(common::config("no spaces allowed"), store.clone()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidName);
+
+    // A record store that was never migrated.
+    let unmigrated =
+        PgBackend::connect(PgConfig::new(common::database_url()).with_schema("rdt_never_migrated")).await.unwrap();
+    let err = SqsBackend::setup(common::config(&common::name("nostore")), QueueSetup::default(), unmigrated)
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("migrated"), "{err}");
 }
 
 /// A handler that always fails for good with a long error full of control characters.
@@ -456,8 +467,9 @@ fn boto3(args: &[&str]) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boto3_reads_the_records_a_worker_writes_and_sends_jobs_a_worker_runs_as_envelope_md_says() {
     let name = common::name("boto3");
-    let queue = SqsBackend::setup(common::config(&name), QueueSetup::default()).await.unwrap();
     let ledger = common::ledger().await;
+    let store = common::FlakyStore { store: ledger.clone(), down: Arc::default() };
+    let queue = SqsBackend::setup(common::config(&name), QueueSetup::default(), store.clone()).await.unwrap();
     let client = common::raw_client().await;
     let dlq = client.get_queue_url().queue_name(format!("{name}-dlq")).send().await.unwrap().queue_url.unwrap();
 
@@ -476,11 +488,13 @@ async fn boto3_reads_the_records_a_worker_writes_and_sends_jobs_a_worker_runs_as
     assert_eq!(*effects.lock().unwrap(), [(77, 1)]);
     assert_eq!(sent["key"], "ship:parcel=77");
 
-    // A record the Rust worker writes reads in Python as the documentation says.
+    // With the record store down, the worker writes the record to the DLQ, where it reads in
+    // Python as the documentation says.
+    store.down.store(true, std::sync::atomic::Ordering::Relaxed);
     queue.enqueue(NewJob::from_job(&Blob { id: 5, data: "kept for a replay".into() }).unwrap()).await.unwrap();
     let alerts = Arc::new(Mutex::new(0));
     let w = failing_worker(&queue, &ledger, "card declined".into(), &alerts);
-    wait_for("the failure record", 20, async || queue.count_open().await.unwrap() >= 1).await;
+    wait_for("the failure record's alert", 20, async || *alerts.lock().unwrap() >= 1).await;
     w.shutdown().await;
     let records = boto3(&["read", &dlq]);
     let record = &records[0];
@@ -491,7 +505,19 @@ async fn boto3_reads_the_records_a_worker_writes_and_sends_jobs_a_worker_runs_as
     assert_eq!(record["attributes_agree"], true, "{record}");
     assert_eq!((&record["error"], &record["attempts"]), (&"card declined".into(), &1.into()));
     assert_eq!(record["failed_at_parses"], true);
-    assert!(record["source_id"].as_str().is_some_and(|id| !id.is_empty()), "{record}");
+    let source_id = record["source_id"].as_str().expect("a source id").to_owned();
+
+    // The store back, the record is drained into it: the same record, alerted once.
+    store.down.store(false, std::sync::atomic::Ordering::Relaxed);
+    let kept = queue.list(&FailureQuery::open()).await.unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!((kept[0].id.0.as_str(), kept[0].last_error.as_str()), (source_id.as_str(), "card declined"));
+    assert_eq!(kept[0].payload, serde_json::json!({"id": 5, "data": "kept for a replay"}));
+    assert_eq!(boto3(&["read", &dlq]), serde_json::json!([]), "drained from the DLQ");
+    let w = failing_worker(&queue, &ledger, "card declined".into(), &alerts);
+    tokio::time::sleep(Duration::from_secs(2)).await; // the new worker's alert sweep
+    w.shutdown().await;
+    assert_eq!(*alerts.lock().unwrap(), 1, "the drained record was alerted already");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,7 @@
 //! - [`Job`]: a typed job declares its kind, its key, its cap and severity.
 //! - [`Backend`], [`Enqueue`], [`Claim`], [`Renew`], [`DeadLetter`], [`Replay`], [`Ledger`]: what a
 //!   backend implements (contract v2; see `docs/ARCHITECTURE.md`).
+//! - [`RecordStore`]: where a broker backend (SQS, Azure) keeps its failure records.
 //! - [`Worker`]: claim → decode → ledger check → handler → complete, retry or failure record.
 //! - [`MemoryBackend`]: every contract in memory, the reference and the embedded default.
 
@@ -19,12 +20,13 @@ pub mod job;
 pub mod key;
 pub mod memory;
 pub mod policy;
+pub mod records;
 mod redact;
 pub mod worker;
 
 #[cfg(feature = "webhook")]
 pub use alert::WebhookAlerts;
-pub use alert::{Alert, AlertSink, TracingAlerts};
+pub use alert::{Alert, AlertSink, BoxFuture, TracingAlerts};
 pub use backend::{
     AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Counts, DeadLetter, Dedupe, Enqueue, EnqueueExt,
     Enqueued, FailureId, FailureQuery, FailureRecord, Hold, Kinds, Lease, Ledger, NoRenewal, QueueStats, QueueStatsExt,
@@ -36,4 +38,5 @@ pub use job::{DEFAULT_CAP, Job, JobContext, JobError, JobId, JobRecord, NewJob, 
 pub use key::{IdempotencyKey, KeyBuilder, ProviderKey};
 pub use memory::MemoryBackend;
 pub use policy::{Backoff, Decision, Outcome, RetryPolicy};
+pub use records::{RecordStore, Taken};
 pub use worker::{Handler, RunningWorker, Worker, WorkerBuilder, WorkerConfig, WorkerStats};

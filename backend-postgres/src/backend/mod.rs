@@ -17,6 +17,7 @@ use tokio::sync::{Notify, OnceCell};
 use tracing::{debug, warn};
 use uuid::Uuid;
 
+mod broker_records;
 mod ledger;
 mod records;
 mod scan_floor;

@@ -5,9 +5,9 @@ use std::borrow::Cow;
 
 use super::*;
 
-/// Room kept beside a job's message for what its failure record and audit entry add: the
-/// record's attributes with the longest error kept, and the error twice more in the audit copy.
-/// Enqueue refuses a job that would leave less, so that every job can always be dead-lettered.
+/// Room kept in the DLQ beside a job's message for what a failure record sent there adds (when
+/// the record store is down): the record's attributes with the longest error kept. Enqueue
+/// refuses a job that would leave less, so that every job can always be dead-lettered.
 pub(super) const RECORD_ROOM: usize = 16 * 1024;
 
 /// Failed attempts a message and its record carry: the first (for when the failures began) and
@@ -108,10 +108,6 @@ pub(super) fn check_queue_name(name: &str) -> Result<()> {
     } else {
         Err(Error::new(ErrorKind::InvalidName, format!("queue name {name:?} must be 1 to 80 of A-Z a-z 0-9 - _")))
     }
-}
-
-pub(super) fn audit_name(dlq: &str) -> String {
-    format!("{}-audit", dlq.strip_suffix(".fifo").unwrap_or(dlq))
 }
 
 pub(super) fn secs(d: Duration) -> i32 {

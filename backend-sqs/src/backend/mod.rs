@@ -1,20 +1,21 @@
-//! `SqsBackend`: the redrive contracts on an SQS queue, its dead-letter queue and an audit queue.
+//! `SqsBackend`: the redrive contracts on an SQS queue and its dead-letter queue, with the failure
+//! records in a [`RecordStore`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{
-    ChangeMessageVisibilityBatchRequestEntry, Message, MessageAttributeValue, MessageSystemAttributeName,
-    QueueAttributeName, SendMessageBatchRequestEntry,
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message, MessageAttributeValue,
+    MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
 };
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use redrive_core::{
     AttemptError, Backend, Capabilities, Claim, Claimed, Counts, DeadLetter, Dedupe, Enqueue, Enqueued, Envelope,
     Error, ErrorKind, FailureId, FailureQuery, FailureRecord, IdempotencyKey, JobId, JobRecord, Kinds, Lease, NewJob,
-    ProviderKey, QueueStats, RecordState, Renew, Replay, ReplayOutcome, Result, Severity,
+    ProviderKey, QueueStats, RecordState, RecordStore, Renew, Replay, ReplayOutcome, Result, Severity, Taken,
 };
 use serde_json::Value;
 use tracing::{info, warn};
@@ -40,14 +41,17 @@ const ATTR_SPENT: &str = "redrive-spent";
 /// The job's failed attempts so far (JSON, oldest first, bounded: see [`history`]), carried by
 /// each retried copy and by the record.
 const ATTR_ERRORS: &str = "redrive-errors";
-/// Room kept at enqueue for [`ATTR_SPENT`], so that every message can be deferred: the name,
-/// SQS's allowance for the type, and a `u32` in decimal.
-const SPENT_ROOM: usize = ATTR_SPENT.len() + 6 + 10;
-/// The last error kept on a DLQ message, in bytes; the rest is in the worker's log.
+/// On a deferred or retried copy: the job's id, its first message's id, kept across copies.
+const ATTR_JOB_ID: &str = "redrive-job-id";
+/// Room kept at enqueue for what a copy adds, so that every message can be deferred:
+/// [`ATTR_SPENT`] (a `u32` in decimal) and [`ATTR_JOB_ID`] (a message id, 36 characters on AWS;
+/// 100 allowed), each with its name and SQS's allowance for the type.
+const COPY_ROOM: usize = ATTR_SPENT.len() + 6 + 10 + ATTR_JOB_ID.len() + 6 + 100;
+/// The last error kept in a record, in bytes; the rest is in the worker's log.
 const MAX_ERROR_LEN: usize = 4096;
-/// The longest retention SQS accepts (14 days): what the DLQ and the audit queue keep.
+/// The longest retention SQS accepts (14 days): what the DLQ keeps.
 const MAX_RETENTION: Duration = Duration::from_secs(1_209_600);
-/// The largest message SQS accepts (1 MiB): what the DLQ and the audit queue take.
+/// The largest message SQS accepts (1 MiB): what the DLQ takes.
 const MAX_MESSAGE: usize = 1_048_576;
 /// The longest visibility SQS accepts (12 h).
 const MAX_VISIBILITY: Duration = Duration::from_secs(43_200);
@@ -57,9 +61,9 @@ const MAX_DELAY: Duration = Duration::from_secs(900);
 /// Receives of the source queue [`SqsBackend::holds_text`] makes: short polls sample the queue.
 const LOOKS: usize = 5;
 
-/// redrive on Amazon SQS: the source queue carries the jobs, its dead-letter queue the failure
-/// records, and `<dlq>-audit` the closed records (replayed or discarded, with when, why and who).
-/// Clones share one client.
+/// redrive on Amazon SQS: the source queue carries the jobs; the failure records live in a
+/// [`RecordStore`] (the application's database), and the dead-letter queue is their intake for
+/// what the redrive policy moves. Clones share one client.
 #[derive(Clone)]
 pub struct SqsBackend {
     inner: Arc<Inner>,
@@ -69,15 +73,19 @@ struct Inner {
     client: Client,
     source: QueueInfo,
     dlq: QueueInfo,
-    audit_url: String,
+    /// Where the failure records are, and this queue's name there (its ARN).
+    records: Arc<dyn RecordStore>,
+    scope: String,
     max_receive_count: u32,
     max_wait: Duration,
     /// The latest receipt this process got for each message it holds: SQS accepts an old
     /// receipt handle for some calls, so fencing within a process is done here.
     held: Mutex<HashMap<String, Held>>,
     deleter: Deleter,
-    /// Listing the DLQ receives its messages for a moment; one reader at a time in a process.
-    scan: tokio::sync::Mutex<()>,
+    /// One drain of the DLQ at a time in a process (others take other messages).
+    draining: tokio::sync::Mutex<()>,
+    /// A test aid: replays stop between their send and closing the record.
+    fail_after_replay_send: AtomicBool,
     requests: Arc<AtomicU64>,
 }
 
@@ -139,9 +147,11 @@ impl SqsBackend {
     }
 
     /// Connects to an existing queue and checks its setup, refusing what would lose data: no
-    /// redrive policy, a missing dead-letter or audit queue, a DLQ that keeps messages for less
-    /// time than the source.
-    pub async fn connect(config: SqsConfig) -> Result<Self> {
+    /// redrive policy, a missing dead-letter queue, a DLQ that does not keep messages longer than
+    /// the source or takes smaller ones, a record store that is not ready (run its migrations).
+    /// `records` keeps the failure records: your database's, such as a migrated
+    /// `redrive_postgres::PgBackend`.
+    pub async fn connect(config: SqsConfig, records: impl RecordStore) -> Result<Self> {
         check_queue_name(&config.queue)?;
         let requests = Arc::new(AtomicU64::new(0));
         let client = Self::client(&config, &requests).await;
@@ -192,9 +202,10 @@ impl SqsBackend {
                 size(&attrs)
             )));
         }
-        let audit = audit_name(dlq_name);
-        let audit_url = queue_url(&client, &audit).await.map_err(|_| {
-            config_error(format!("the audit queue {audit} does not exist (SqsBackend::setup creates it)"))
+        // Records are kept under the source queue's ARN: unique across regions and accounts.
+        let scope = attrs.get(&QueueAttributeName::QueueArn).cloned().unwrap_or_else(|| source_url.clone());
+        records.open_records(&scope).await.map_err(|e| {
+            Error::new(e.kind(), format!("the failure record store is not ready (has it been migrated?): {e}"))
         })?;
         let info = |url: String, a: &HashMap<QueueAttributeName, String>| QueueInfo {
             url,
@@ -206,21 +217,23 @@ impl SqsBackend {
             inner: Arc::new(Inner {
                 source: info(source_url, &attrs),
                 dlq: info(dlq_url, &dlq_attrs),
-                audit_url,
+                records: Arc::new(records),
+                scope,
                 max_receive_count,
                 max_wait: config.wait,
                 client,
                 held: Mutex::default(),
                 deleter,
-                scan: tokio::sync::Mutex::new(()),
+                draining: tokio::sync::Mutex::new(()),
+                fail_after_replay_send: AtomicBool::new(false),
                 requests,
             }),
         })
     }
 
-    /// Creates (or finds) the source queue, its dead-letter queue with the redrive policy, and
-    /// the audit queue, then connects.
-    pub async fn setup(config: SqsConfig, setup: QueueSetup) -> Result<Self> {
+    /// Creates (or finds) the source queue and its dead-letter queue with the redrive policy,
+    /// then connects.
+    pub async fn setup(config: SqsConfig, setup: QueueSetup, records: impl RecordStore) -> Result<Self> {
         check_queue_name(&config.queue)?;
         let requests = Arc::new(AtomicU64::new(0));
         let client = Self::client(&config, &requests).await;
@@ -238,14 +251,13 @@ impl SqsBackend {
         let retention = setup.retention.as_secs().max(60).to_string();
         let size = setup.max_message_size.clamp(1024, MAX_MESSAGE).to_string();
         let fifo = || setup.fifo.then(|| (QueueAttributeName::FifoQueue, "true".to_owned()));
-        // The DLQ and the audit queue keep records as long as SQS allows, and take the largest
-        // messages, so that every job the source accepts has room for its record.
-        let (longest, largest) = (MAX_RETENTION.as_secs().to_string(), MAX_MESSAGE.to_string());
-        let records = [
-            (QueueAttributeName::MessageRetentionPeriod, longest.clone()),
-            (QueueAttributeName::MaximumMessageSize, largest.clone()),
+        // The DLQ keeps messages as long as SQS allows and takes the largest, so that every job
+        // the source accepts has room for its record until it is drained into the store.
+        let dlq_attrs = [
+            (QueueAttributeName::MessageRetentionPeriod, MAX_RETENTION.as_secs().to_string()),
+            (QueueAttributeName::MaximumMessageSize, MAX_MESSAGE.to_string()),
         ];
-        let dlq_url = create_queue(&client, &dlq, &records.iter().cloned().chain(fifo()).collect::<Vec<_>>()).await?;
+        let dlq_url = create_queue(&client, &dlq, &dlq_attrs.into_iter().chain(fifo()).collect::<Vec<_>>()).await?;
         let dlq_arn = queue_attributes(&client, &dlq_url)
             .await?
             .remove(&QueueAttributeName::QueueArn)
@@ -257,8 +269,7 @@ impl SqsBackend {
             (QueueAttributeName::RedrivePolicy, policy.to_string()),
         ];
         create_queue(&client, &source, &source_attrs.into_iter().chain(fifo()).collect::<Vec<_>>()).await?;
-        create_queue(&client, &audit_name(&dlq), &records).await?;
-        Self::connect(SqsConfig { queue: source, ..config }).await
+        Self::connect(SqsConfig { queue: source, ..config }, records).await
     }
 
     /// API requests sent so far (every HTTP attempt), for cost and efficiency figures.
@@ -281,10 +292,10 @@ impl SqsBackend {
         self.inner.max_receive_count
     }
 
-    /// Whether `text` appears in a message body or attribute on the source queue, the DLQ or the
-    /// audit queue, or in a message this process holds. A test aid (a purge forgets payloads):
-    /// the source queue is sampled by a few receives that leave its messages visible to workers,
-    /// but each counts a receive against the redrive policy.
+    /// Whether `text` appears in a message body or attribute on the source queue or the DLQ, in
+    /// a failure record, or in a message this process holds. A test aid (a purge forgets
+    /// payloads): the source queue is sampled by a few receives that leave its messages visible
+    /// to workers, but each counts a receive against the redrive policy; the DLQ is drained.
     #[doc(hidden)]
     pub async fn holds_text(&self, text: &str) -> Result<bool> {
         let held_here = {
@@ -312,13 +323,15 @@ impl SqsBackend {
                 return Ok(true);
             }
         }
-        let _reading = self.inner.scan.lock().await;
-        for url in [&self.inner.dlq.url, &self.inner.audit_url] {
-            if self.scan(url).await?.iter().any(found) {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        self.drain().await?;
+        self.inner.records.records_mention(&self.inner.scope, text).await
+    }
+
+    /// Replays stop between their send and closing the record, as a crash there would: a test
+    /// aid for replays retried after such a failure.
+    #[doc(hidden)]
+    pub fn fail_replays_after_send(&self, fail: bool) {
+        self.inner.fail_after_replay_send.store(fail, Ordering::Relaxed);
     }
 
     /// The largest message a job may be, attributes included: what the source takes, with room
@@ -340,7 +353,7 @@ impl SqsBackend {
             (ATTR_KEY.to_owned(), string_attr(job.key.as_str())),
             (ATTR_PROVIDER_KEY.to_owned(), string_attr(&job.provider_key.to_string())),
         ]);
-        let size = message_size(&body, &attrs) + SPENT_ROOM + HISTORY_ROOM;
+        let size = message_size(&body, &attrs) + COPY_ROOM + HISTORY_ROOM;
         if size > self.max_message() {
             return Err(Error::new(
                 ErrorKind::PayloadTooLarge,
@@ -464,6 +477,52 @@ impl SqsBackend {
         Ok(())
     }
 
+    /// The record as a DLQ message: the job's body with the record in attributes, the error
+    /// cleaned of what SQS refuses and cut to fit the DLQ (a job from another producer may not
+    /// have left the room enqueue keeps).
+    async fn send_record_to_dlq(
+        &self,
+        lease: &Lease,
+        job_id: &JobId,
+        body: String,
+        record: &FailureRecord,
+        errors: &str,
+    ) -> Result<()> {
+        let cleaned = clean(&record.last_error);
+        let mut last_error = cut(&cleaned, MAX_ERROR_LEN);
+        let attrs = |last_error: &str| {
+            HashMap::from([
+                (ATTR_KIND.to_owned(), string_attr(&record.kind)),
+                (ATTR_KEY.to_owned(), string_attr(record.key.as_str())),
+                (ATTR_PROVIDER_KEY.to_owned(), string_attr(&record.provider_key.to_string())),
+                (ATTR_ERROR.to_owned(), string_attr(last_error)),
+                (ATTR_ATTEMPTS.to_owned(), string_attr(&record.attempts.to_string())),
+                (
+                    ATTR_FAILED_AT.to_owned(),
+                    string_attr(&record.last_failed_at.to_rfc3339_opts(SecondsFormat::Millis, true)),
+                ),
+                (ATTR_SOURCE_ID.to_owned(), string_attr(&lease.job_id.0)),
+                (ATTR_JOB_ID.to_owned(), string_attr(&job_id.0)),
+                (ATTR_ERRORS.to_owned(), string_attr(errors)),
+            ])
+        };
+        let over = message_size(&body, &attrs(last_error)).saturating_sub(self.inner.dlq.max_message_size);
+        if over > 0 {
+            last_error = cut(last_error, last_error.len().saturating_sub(over));
+        }
+        let attrs = attrs(last_error);
+        self.send_to(
+            &self.inner.dlq,
+            body,
+            attrs,
+            &record.key,
+            lease.job_id.0.clone(),
+            "send to the dead-letter queue",
+        )
+        .await?;
+        Ok(())
+    }
+
     fn claimed_from(&self, m: Message) -> Option<Claimed> {
         let (id, receipt) = (m.message_id?, m.receipt_handle?);
         let body = m.body.unwrap_or_default();
@@ -477,8 +536,10 @@ impl SqsBackend {
         // Not an envelope: handed over marked as such, so the worker records a decode failure
         // without looking for a handler, with the body kept for a person to read.
         let (env, undecodable) = carried_job(&id, &body, Some(&attrs), sent);
+        // A copy (deferred or retried) carries its job's id: the first message's.
+        let job_id = attrs.get(ATTR_JOB_ID).and_then(|v| v.string_value()).map_or_else(|| id.clone(), str::to_owned);
         let job = JobRecord {
-            id: JobId(id.clone()),
+            id: JobId(job_id),
             kind: env.kind,
             key: env.key,
             provider_key: env.provider_key,
@@ -513,49 +574,89 @@ impl Enqueue for SqsBackend {
         Ok(Enqueued::Created(self.send(&job, dedupe, "send").await?))
     }
 
+    /// Sends in batches of up to ten that SQS accepts (attributes counted). SQS may refuse some
+    /// messages of a batch and take the rest; the refused ones are sent again (a few times, with
+    /// backoff), never the taken ones. If some still fail, the error names the keys not sent and
+    /// how many were: enqueue only those again, or the sent ones would be sent twice (the effect
+    /// ledger would still keep their effects to one).
     async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         // Every message is checked before the first is sent.
         let messages = jobs.iter().map(|job| self.outgoing(job)).collect::<Result<Vec<_>>>()?;
         let sizes: Vec<usize> = messages.iter().map(|(body, attrs)| message_size(body, attrs)).collect();
-        let mut results = Vec::with_capacity(jobs.len());
+        let mut sent: Vec<Option<String>> = vec![None; jobs.len()];
+        let backoff = redrive_core::Backoff {
+            base: Duration::from_millis(100),
+            factor: 3.0,
+            max: Duration::from_secs(3),
+            jitter: true,
+        };
         for range in batches(&sizes, self.inner.source.max_message_size) {
-            let (start, end) = (range.start, range.end);
-            let entries = (start..end).map(|i| {
-                let (body, attrs) = &messages[i];
-                let mut entry = SendMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .message_body(body)
-                    .set_message_attributes(Some(attrs.clone()));
-                if self.inner.source.fifo {
-                    entry =
-                        entry.message_group_id(jobs[i].key.as_str()).message_deduplication_id(fifo_dedupe_id(&jobs[i]));
+            let mut pending: Vec<usize> = range.collect();
+            let mut refusal = String::new();
+            for tries in 1..=BATCH_TRIES {
+                let entries = pending.iter().map(|&i| {
+                    let (body, attrs) = &messages[i];
+                    let mut entry = SendMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .message_body(body)
+                        .set_message_attributes(Some(attrs.clone()));
+                    if self.inner.source.fifo {
+                        entry = entry
+                            .message_group_id(jobs[i].key.as_str())
+                            .message_deduplication_id(fifo_dedupe_id(&jobs[i]));
+                    }
+                    entry.build().expect("id and body are set")
+                });
+                let out = match self
+                    .inner
+                    .client
+                    .send_message_batch()
+                    .queue_url(&self.inner.source.url)
+                    .set_entries(Some(entries.collect()))
+                    .send()
+                    .await
+                {
+                    Ok(out) => out,
+                    Err(e) => return Err(not_all_sent(&jobs, &sent, sdk(e, "send batch").message())),
+                };
+                for ok in out.successful {
+                    if let Ok(i) = ok.id.parse::<usize>() {
+                        sent[i] = Some(ok.message_id);
+                    }
                 }
-                entry.build().expect("id and body are set")
-            });
-            let out = self
-                .inner
-                .client
-                .send_message_batch()
-                .queue_url(&self.inner.source.url)
-                .set_entries(Some(entries.collect()))
-                .send()
-                .await
-                .map_err(|e| sdk(e, "send batch"))?;
-            if let Some(failed) = out.failed.first() {
-                return Err(Error::temporary(format!(
-                    "sqs: {} of the batch's messages were not sent ({}); {} were",
-                    out.failed.len(),
-                    failed.code,
-                    results.len() + out.successful.len()
-                )));
+                pending.retain(|&i| sent[i].is_none());
+                let permanent = out.failed.iter().any(|f| f.sender_fault);
+                if let Some(failed) = out.failed.first() {
+                    refusal = format!("{}: {}", failed.code, failed.message.as_deref().unwrap_or("no message"));
+                }
+                if pending.is_empty() || permanent {
+                    break;
+                }
+                if tries < BATCH_TRIES {
+                    tokio::time::sleep(backoff.delay(tries)).await;
+                }
             }
-            let mut ids: HashMap<String, String> = out.successful.into_iter().map(|s| (s.id, s.message_id)).collect();
-            for i in start..end {
-                results.push(Enqueued::Created(JobId(ids.remove(&i.to_string()).unwrap_or_default())));
+            if !pending.is_empty() {
+                return Err(not_all_sent(&jobs, &sent, &refusal));
             }
         }
-        Ok(results)
+        Ok(sent.into_iter().map(|id| Enqueued::Created(JobId(id.unwrap_or_default()))).collect())
     }
+}
+
+/// Sends of one batch's refused messages, the first included.
+const BATCH_TRIES: u32 = 4;
+
+/// A batch enqueue that stopped part-way: which keys were not sent, and how many jobs were.
+fn not_all_sent(jobs: &[NewJob], sent: &[Option<String>], why: &str) -> Error {
+    let unsent: Vec<&str> = jobs.iter().zip(sent).filter(|(_, s)| s.is_none()).map(|(j, _)| j.key.as_str()).collect();
+    let shown = unsent.iter().take(20).copied().collect::<Vec<_>>().join(", ");
+    let more = if unsent.len() > 20 { format!(" and {} more", unsent.len() - 20) } else { String::new() };
+    Error::temporary(format!(
+        "sqs: {} of {} jobs were sent; not sent ({why}): {shown}{more}; enqueue only these again",
+        jobs.len() - unsent.len(),
+        jobs.len()
+    ))
 }
 
 impl Backend for SqsBackend {
@@ -564,7 +665,7 @@ impl Backend for SqsBackend {
             dedupe: if self.inner.source.fifo { Dedupe::Window(Duration::from_secs(300)) } else { Dedupe::None },
             // What a message may hold beside what enqueue keeps room for (the envelope and the
             // first attributes count too: a payload this large is refused by a few hundred bytes).
-            max_payload: self.max_message().saturating_sub(SPENT_ROOM + HISTORY_ROOM),
+            max_payload: self.max_message().saturating_sub(COPY_ROOM + HISTORY_ROOM),
             max_claim: 10,
             atomic_batch: false,
             // SQS counts receives and gives none back: not on a release, nor when the worker
@@ -627,6 +728,7 @@ impl Claim for SqsBackend {
             return self.set_visibility(lease, delay, "retry").await;
         };
         attrs.insert(ATTR_SPENT.to_owned(), string_attr(&attempt.to_string()));
+        attrs.entry(ATTR_JOB_ID.to_owned()).or_insert_with(|| string_attr(&lease.job_id.0));
         let errors = history(&attrs, attempt, error);
         attrs.insert(ATTR_ERRORS.to_owned(), string_attr(&errors));
         self.replace_by_copy(lease, body, attrs, delay, "send the retried copy").await
@@ -648,6 +750,7 @@ impl Claim for SqsBackend {
         };
         // The receive being deferred is given back: the copy has spent one less than this attempt.
         attrs.insert(ATTR_SPENT.to_owned(), string_attr(&attempt.saturating_sub(1).to_string()));
+        attrs.entry(ATTR_JOB_ID.to_owned()).or_insert_with(|| string_attr(&lease.job_id.0));
         self.replace_by_copy(lease, body, attrs, delay.min(MAX_DELAY), "send the deferred copy").await
     }
 
@@ -656,69 +759,63 @@ impl Claim for SqsBackend {
         self.hand_back(lease, Duration::ZERO, "release").await
     }
 
+    /// The record goes to the store (under the message's id, so that a repeat keeps it once),
+    /// then the message is deleted. With the store down, the message goes to the DLQ with the
+    /// record as attributes instead, and is drained into the store later.
     async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<Option<FailureRecord>> {
         let lease = &claimed.lease;
         self.fence(lease)?;
         let job = &claimed.job;
-        // The body as received (a producer's unknown fields, or a body that is not an envelope);
-        // re-encoded only when the entry is gone.
-        let kept = self
-            .inner
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&lease.job_id.0)
-            .and_then(|h| h.message.as_ref().filter(|_| h.receipt == lease.token).map(|k| k.body.clone()));
-        let body = kept.unwrap_or_else(|| {
-            Envelope {
-                v: redrive_core::envelope::ENVELOPE_VERSION,
-                kind: job.kind.clone(),
-                key: job.key.clone(),
-                provider_key: job.provider_key,
-                cap: job.cap,
-                severity: job.severity,
-                enqueued_at: job.enqueued_at,
-                payload: job.payload.clone(),
-            }
-            .encode()
-        });
-        let now = Utc::now();
-        // Cleaned of what SQS refuses in an attribute, then cut to fit the record in the DLQ (a
-        // job from another producer may not have left the room enqueue keeps).
-        let cleaned = clean(error);
-        let mut last_error = cut(&cleaned, MAX_ERROR_LEN);
-        // The failed attempts the message carries, with this one: the record's history.
-        let carried = self
-            .inner
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&lease.job_id.0)
-            .and_then(|h| h.message.as_ref().map(|k| k.attrs.clone()))
-            .unwrap_or_default();
-        let errors = history(&carried, job.attempt, error);
-        let attrs = |last_error: &str| {
-            HashMap::from([
-                (ATTR_KIND.to_owned(), string_attr(&job.kind)),
-                (ATTR_KEY.to_owned(), string_attr(job.key.as_str())),
-                (ATTR_PROVIDER_KEY.to_owned(), string_attr(&job.provider_key.to_string())),
-                (ATTR_ERROR.to_owned(), string_attr(last_error)),
-                (ATTR_ATTEMPTS.to_owned(), string_attr(&job.attempt.to_string())),
-                (ATTR_FAILED_AT.to_owned(), string_attr(&now.to_rfc3339_opts(SecondsFormat::Millis, true))),
-                (ATTR_SOURCE_ID.to_owned(), string_attr(&lease.job_id.0)),
-                (ATTR_ERRORS.to_owned(), string_attr(&errors)),
-            ])
+        // The message as received: the failed attempts it carries, and its body (a producer's
+        // unknown fields, or a body that is not an envelope), re-encoded only when the entry is gone.
+        let (kept_body, carried) = {
+            let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+            let kept = held.get(&lease.job_id.0).and_then(|h| h.message.as_ref().map(|k| (h, k)));
+            (
+                kept.filter(|(h, _)| h.receipt == lease.token).map(|(_, k)| k.body.clone()),
+                kept.map(|(_, k)| k.attrs.clone()).unwrap_or_default(),
+            )
         };
-        let over = message_size(&body, &attrs(last_error)).saturating_sub(self.inner.dlq.max_message_size);
-        if over > 0 {
-            last_error = cut(last_error, last_error.len().saturating_sub(over));
+        let now = Utc::now();
+        let errors = history(&carried, job.attempt, error);
+        let record = FailureRecord {
+            id: FailureId(lease.job_id.0.clone()),
+            job_id: job.id.clone(),
+            kind: job.kind.clone(),
+            key: job.key.clone(),
+            provider_key: job.provider_key,
+            payload: job.payload.clone(),
+            // Cleaned (a terminal or SQS would choke on control characters) and cut; the rest
+            // is in the worker's log.
+            last_error: cut(&clean(error), MAX_ERROR_LEN).to_owned(),
+            first_failed_at: carried_errors(Some(&carried)).first().map_or(now, |e| e.at),
+            errors: serde_json::from_str(&errors).unwrap_or_default(),
+            attempts: job.attempt,
+            cap: job.cap,
+            severity: job.severity,
+            last_failed_at: now,
+            state: RecordState::Open,
+        };
+        if let Err(e) = self.inner.records.keep_records(&self.inner.scope, std::slice::from_ref(&record)).await {
+            warn!(job = %job.id, kind = %job.kind, key = %job.key, error = %e,
+                "the failure record store failed; the record goes to the dead-letter queue, to be drained later");
+            let body = kept_body.unwrap_or_else(|| {
+                Envelope {
+                    v: redrive_core::envelope::ENVELOPE_VERSION,
+                    kind: job.kind.clone(),
+                    key: job.key.clone(),
+                    provider_key: job.provider_key,
+                    cap: job.cap,
+                    severity: job.severity,
+                    enqueued_at: job.enqueued_at,
+                    payload: job.payload.clone(),
+                }
+                .encode()
+            });
+            self.send_record_to_dlq(lease, &job.id, body, &record, &errors).await?;
         }
-        let attrs = attrs(last_error);
-        let record_id = self
-            .send_to(&self.inner.dlq, body, attrs, &job.key, lease.job_id.0.clone(), "send to the dead-letter queue")
-            .await?;
-        // Then off the source. Not atomic: if this delete fails, the message comes back and
-        // may be dead-lettered again; the two records share one key.
+        // Then off the source. Not atomic: if this delete fails, the message comes back and is
+        // dead-lettered again under the same record id, which keeps it once.
         self.inner
             .client
             .delete_message()
@@ -728,22 +825,7 @@ impl Claim for SqsBackend {
             .await
             .map_err(|e| sdk(e, "delete the dead-lettered message"))?;
         self.forget(lease);
-        Ok(Some(FailureRecord {
-            id: FailureId(record_id.0),
-            job_id: lease.job_id.clone(),
-            kind: job.kind.clone(),
-            key: job.key.clone(),
-            provider_key: job.provider_key,
-            payload: job.payload.clone(),
-            last_error: last_error.to_owned(),
-            first_failed_at: carried_errors(Some(&carried)).first().map_or(now, |e| e.at),
-            errors: serde_json::from_str(&errors).unwrap_or_default(),
-            attempts: job.attempt,
-            cap: job.cap,
-            severity: job.severity,
-            last_failed_at: now,
-            state: RecordState::Open,
-        }))
+        Ok(Some(record))
     }
 
     fn renewal(&self) -> Option<&impl Renew> {
@@ -833,7 +915,7 @@ mod tests {
         assert_eq!(spent(&with("3")), 3);
         assert_eq!(spent(&with("not a number")), 0, "a producer's garbage costs no attempts");
         let widest = string_attr(&u32::MAX.to_string());
-        assert!(SPENT_ROOM >= ATTR_SPENT.len() + 6 + widest.string_value().unwrap().len(), "enqueue keeps room for it");
+        assert!(COPY_ROOM >= ATTR_SPENT.len() + 6 + widest.string_value().unwrap().len(), "enqueue keeps room for it");
         assert!(mentions("{}", Some(&with("7")), "7") && !mentions("{}", Some(&with("7")), "8"));
     }
 

@@ -1,98 +1,72 @@
-//! Failure records: the DLQ holds the open ones, `<dlq>-audit` the closed ones (replayed or
-//! discarded, with when, why and who). Reading them is a scan that receives each message for a
-//! moment and makes it visible again.
+//! Failure records, kept in the [`RecordStore`] (the application's database). The worker writes
+//! its records there directly; the DLQ is the intake for what the redrive policy moved (a worker
+//! that crashed on its last attempt) and for records written while the store was down, and is
+//! drained into the store before records are read.
 
 use super::*;
 
-/// A failure record as stored, with the queue and receipt to delete it by.
-pub(super) struct StoredRecord {
-    record: FailureRecord,
-    queue: String,
-    receipt: String,
-    /// Whether the message body is an envelope (a redrive-policy move can carry any body).
-    is_envelope: bool,
-}
+/// How long a replay holds its record: a second replay within it sends nothing; a replay that
+/// died between taking the record and closing it leaves the record open again after it.
+const REPLAY_WINDOW: Duration = Duration::from_secs(300);
+/// DLQ pages a drain takes at most in one go (10 messages each); the rest wait for the next read.
+const DRAIN_PAGES: usize = 2_000;
+/// How long a drain holds a DLQ message between receiving it and deleting it once stored.
+const DRAIN_VISIBILITY: i32 = 60;
+/// How [`carried_job`] says a body is not an envelope; such a record cannot be replayed.
+const NOT_AN_ENVELOPE: &str = "the message body is not a redrive envelope";
 
 impl DeadLetter for SqsBackend {
+    /// Drains the DLQ into the store on the first page, then reads the store: complete, and
+    /// hiding nothing from other readers.
     async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
-        let _reading = self.inner.scan.lock().await;
-        let records = self.records().await?;
-        let mut matching = records.into_iter().map(|(r, _, _)| r).filter(|r| query.matches(r));
-        if let Some(after) = &query.after {
-            // Skip up to and including the last record of the previous page.
-            for r in matching.by_ref() {
-                if r.id == *after {
-                    break;
-                }
-            }
+        if query.after.is_none() {
+            self.drain().await?;
         }
-        Ok(matching.take(query.page_size()).collect())
+        self.inner.records.records(&self.inner.scope, query).await
     }
 
     async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
-        let _reading = self.inner.scan.lock().await;
-        self.records()
-            .await?
-            .into_iter()
-            .map(|(r, _, _)| r)
-            .find(|r| r.id == *id)
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))
+        match self.inner.records.record(&self.inner.scope, id).await {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                self.drain().await?;
+                self.inner.records.record(&self.inner.scope, id).await
+            }
+            found => found,
+        }
     }
 
     async fn count_open(&self) -> Result<u64> {
-        let attrs = queue_attributes(&self.inner.client, &self.inner.dlq.url).await?;
-        let count = |name: QueueAttributeName| attrs.get(&name).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        Ok(count(QueueAttributeName::ApproximateNumberOfMessages)
-            + count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-            + count(QueueAttributeName::ApproximateNumberOfMessagesDelayed))
+        self.drain().await?;
+        self.inner.records.open_records(&self.inner.scope).await
     }
 
     async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
-        let _reading = self.inner.scan.lock().await;
-        let found = self.records().await?.into_iter().find(|(r, _, _)| r.id == *id);
-        let Some((mut record, queue, receipt)) = found else {
-            return Err(Error::new(ErrorKind::NotFound, format!("no failure record {id}")));
-        };
-        if queue != self.inner.dlq.url {
-            return Ok(()); // already closed
+        let record = self.get(id).await?;
+        let state = RecordState::Discarded { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
+        if self.inner.records.close_record(&self.inner.scope, id, &state).await?.is_none() {
+            info!(record = %id, kind = %record.kind, key = %record.key, actor, reason, "failure record discarded");
         }
-        record.state = RecordState::Discarded { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
-        info!(record = %record.id, kind = %record.kind, key = %record.key, actor, reason, "failure record discarded");
-        self.close(&record, &receipt).await
+        Ok(())
     }
 
     async fn purge(&self, age: Duration) -> Result<u64> {
-        let _reading = self.inner.scan.lock().await;
-        let horizon = Utc::now() - age;
-        let mut purged = 0;
-        for (record, queue, receipt) in self.records().await? {
-            if record.last_failed_at < horizon {
-                self.inner
-                    .client
-                    .delete_message()
-                    .queue_url(&queue)
-                    .receipt_handle(receipt)
-                    .send()
-                    .await
-                    .map_err(|e| sdk(e, "purge"))?;
-                purged += 1;
-            }
-        }
-        Ok(purged)
+        self.drain().await?;
+        self.inner.records.purge_records(&self.inner.scope, age).await
     }
 }
 
 impl Replay for SqsBackend {
+    /// Takes the record in the store (so that no other replay, in any process, sends it), sends
+    /// the job back with its original keys, then closes the record. Retried after a failure
+    /// past the send, within five minutes, it sends nothing more; a replay that died before
+    /// closing leaves the record open again after five minutes, and a replay then sends it
+    /// again (the effect ledger keeps the effect to one).
     async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
-        let _reading = self.inner.scan.lock().await;
-        let found = self.stored_records().await?.into_iter().find(|s| s.record.id == *id);
-        let Some(StoredRecord { mut record, queue, receipt, is_envelope }) = found else {
-            return Err(Error::new(ErrorKind::NotFound, format!("no failure record {id}")));
-        };
-        if queue != self.inner.dlq.url {
+        let record = self.get(id).await?;
+        if !record.state.is_open() {
             return Ok(ReplayOutcome::AlreadyClosed(record.state));
         }
-        if !is_envelope {
+        if record.last_error.starts_with(NOT_AN_ENVELOPE) {
             // Sent back wrapped in an envelope, its body would reach a handler as a job.
             return Err(Error::new(
                 ErrorKind::Decode,
@@ -102,91 +76,116 @@ impl Replay for SqsBackend {
                 ),
             ));
         }
-        // Back to the source with the original keys and payload.
+        let record = match self.inner.records.take_for_replay(&self.inner.scope, id, REPLAY_WINDOW).await? {
+            Taken::Record(record) => record,
+            Taken::Closed(state) => return Ok(ReplayOutcome::AlreadyClosed(state)),
+        };
         let mut job =
             NewJob::new(record.kind.clone(), record.key.clone(), record.payload.clone())?.with_cap(record.cap);
         job.provider_key = record.provider_key;
         job.severity = record.severity;
         // FIFO: not the key, or a replay within five minutes of the first send would be dropped.
-        let sent = self.send(&job, format!("replay-{id}"), "replay").await?;
-        record.state = RecordState::Replayed { at: Utc::now() };
-        self.close(&record, &receipt).await?;
+        let sent = match self.send(&job, format!("replay-{id}"), "replay").await {
+            Ok(sent) => sent,
+            Err(e) => {
+                // Nothing was sent: the record is open again at once. (If this fails too, it is
+                // open again when the window lapses.)
+                let _ = self.inner.records.close_record(&self.inner.scope, id, &RecordState::Open).await;
+                return Err(e);
+            }
+        };
+        if self.inner.fail_after_replay_send.load(Ordering::Relaxed) {
+            return Err(Error::temporary("injected: the replay stopped after its send"));
+        }
+        self.inner.records.close_record(&self.inner.scope, id, &RecordState::Replayed { at: Utc::now() }).await?;
+        info!(record = %id, kind = %record.kind, key = %record.key, job = %sent, "failure record replayed");
         Ok(ReplayOutcome::Replayed(sent))
     }
 }
 
 impl SqsBackend {
-    /// Every message of `url`, received for a moment and made visible again at once.
-    pub(super) async fn scan(&self, url: &str) -> Result<Vec<Message>> {
-        let mut all: Vec<Message> = Vec::new();
-        loop {
+    /// Moves the DLQ's messages into the store: each received, kept, then deleted. Safe to run
+    /// from many processes at once (each takes other messages) and to repeat (a record is kept
+    /// once by its id). A message received by a drain that died is taken again a minute later.
+    pub(super) async fn drain(&self) -> Result<()> {
+        let _draining = self.inner.draining.lock().await;
+        for _ in 0..DRAIN_PAGES {
             let out = self
                 .inner
                 .client
                 .receive_message()
-                .queue_url(url)
+                .queue_url(&self.inner.dlq.url)
                 .max_number_of_messages(10)
-                .visibility_timeout(30)
-                .wait_time_seconds(0)
+                .visibility_timeout(DRAIN_VISIBILITY)
+                // A long poll asks every SQS server, so an empty answer means an empty queue.
+                .wait_time_seconds(self.inner.max_wait.min(Duration::from_secs(1)).as_secs() as i32)
                 .message_system_attribute_names(MessageSystemAttributeName::All)
                 .message_attribute_names("All")
                 .send()
                 .await
-                .map_err(|e| sdk(e, "read dead letters"))?;
-            let page = out.messages.unwrap_or_default();
-            if page.is_empty() {
-                break;
+                .map_err(|e| sdk(e, "drain the dead-letter queue"))?;
+            let messages = out.messages.unwrap_or_default();
+            if messages.is_empty() {
+                return Ok(());
             }
-            all.extend(page);
-        }
-        for chunk in all.chunks(10) {
-            let entries = chunk.iter().enumerate().map(|(i, m)| {
-                ChangeMessageVisibilityBatchRequestEntry::builder()
+            let records: Vec<FailureRecord> = messages.iter().map(|m| self.record_from_dlq(m)).collect();
+            let new = match self.inner.records.keep_records(&self.inner.scope, &records).await {
+                Ok(new) => new,
+                Err(e) => {
+                    // Visible again at once, for the next read, rather than in a minute.
+                    self.show_again(&messages).await;
+                    return Err(e);
+                }
+            };
+            if new > 0 {
+                info!(records = new, "failure records taken from the dead-letter queue");
+            }
+            let entries = messages.iter().enumerate().map(|(i, m)| {
+                DeleteMessageBatchRequestEntry::builder()
                     .id(i.to_string())
                     .receipt_handle(m.receipt_handle().unwrap_or_default())
-                    .visibility_timeout(0)
                     .build()
                     .expect("id and receipt are set")
             });
+            // A message not deleted comes back and is kept again, which changes nothing.
             self.inner
                 .client
-                .change_message_visibility_batch()
-                .queue_url(url)
+                .delete_message_batch()
+                .queue_url(&self.inner.dlq.url)
                 .set_entries(Some(entries.collect()))
                 .send()
                 .await
-                .map_err(|e| sdk(e, "show dead letters again"))?;
+                .map_err(|e| sdk(e, "delete drained dead letters"))?;
         }
-        Ok(all)
+        Ok(())
     }
 
-    /// Open records from the DLQ and closed ones from the audit queue, oldest first, each with
-    /// the queue and receipt to delete it by.
-    pub(super) async fn records(&self) -> Result<Vec<(FailureRecord, String, String)>> {
-        Ok(self.stored_records().await?.into_iter().map(|s| (s.record, s.queue, s.receipt)).collect())
+    async fn show_again(&self, messages: &[Message]) {
+        let entries = messages.iter().enumerate().map(|(i, m)| {
+            ChangeMessageVisibilityBatchRequestEntry::builder()
+                .id(i.to_string())
+                .receipt_handle(m.receipt_handle().unwrap_or_default())
+                .visibility_timeout(0)
+                .build()
+                .expect("id and receipt are set")
+        });
+        let shown = self
+            .inner
+            .client
+            .change_message_visibility_batch()
+            .queue_url(&self.inner.dlq.url)
+            .set_entries(Some(entries.collect()))
+            .send()
+            .await;
+        if let Err(e) = shown {
+            warn!(error = %sdk(e, "show dead letters again"), "dead letters stay hidden until their visibility lapses");
+        }
     }
 
-    pub(super) async fn stored_records(&self) -> Result<Vec<StoredRecord>> {
-        let mut records = Vec::new();
-        for m in self.scan(&self.inner.dlq.url).await? {
-            let receipt = m.receipt_handle().unwrap_or_default().to_owned();
-            let (record, is_envelope) = self.record_from_dlq(&m);
-            records.push(StoredRecord { record, queue: self.inner.dlq.url.clone(), receipt, is_envelope });
-        }
-        for m in self.scan(&self.inner.audit_url).await? {
-            let receipt = m.receipt_handle().unwrap_or_default().to_owned();
-            if let Ok(record) = serde_json::from_str::<FailureRecord>(m.body().unwrap_or_default()) {
-                let queue = self.inner.audit_url.clone();
-                records.push(StoredRecord { record, queue, receipt, is_envelope: true });
-            }
-        }
-        records.sort_by(|a, b| (a.record.last_failed_at, &a.record.id).cmp(&(b.record.last_failed_at, &b.record.id)));
-        Ok(records)
-    }
-
-    /// The record a DLQ message holds, and whether its body is an envelope.
-    fn record_from_dlq(&self, m: &Message) -> (FailureRecord, bool) {
-        let id = m.message_id().unwrap_or_default().to_owned();
+    /// The record a DLQ message holds: one the worker sent there (the store was down), or one
+    /// the redrive policy moved, which has none of the worker's attributes.
+    fn record_from_dlq(&self, m: &Message) -> FailureRecord {
+        let message_id = m.message_id().unwrap_or_default().to_owned();
         let body = m.body().unwrap_or_default();
         let attrs = m.message_attributes();
         let attr = |name: &str| attrs.and_then(|a| a.get(name)).and_then(|v| v.string_value()).map(str::to_owned);
@@ -194,58 +193,41 @@ impl SqsBackend {
         let failed_at = attr(ATTR_FAILED_AT)
             .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
             .map_or_else(|| sent_at(&system), |t| t.with_timezone(&Utc));
-        // A message moved by the redrive policy (its worker crashed on the last attempt) has
-        // none of the worker's attributes, and is still a record: its receives, plus those a
-        // deferred copy carried over.
+        // Receives, plus those a deferred copy carried over.
         let moved = || self.inner.max_receive_count.saturating_add(attrs.map_or(0, spent));
         let attempts = attr(ATTR_ATTEMPTS).and_then(|a| a.parse().ok()).unwrap_or_else(moved);
-        let last_error = attr(ATTR_ERROR).unwrap_or_else(|| {
-            format!("moved to the dead-letter queue by the redrive policy after {attempts} attempts; no worker recorded an error")
+        let (env, undecodable) = carried_job(&message_id, body, attrs, failed_at);
+        let last_error = attr(ATTR_ERROR).or(undecodable).unwrap_or_else(|| {
+            format!(
+                "moved by the redrive policy after {attempts} attempts (a worker stopped during the last one); no \
+                 worker recorded an error"
+            )
         });
-        let (env, undecodable) = carried_job(&id, body, attrs, failed_at);
         let mut errors = carried_errors(attrs);
-        if errors.is_empty() {
-            errors.push(AttemptError { attempt: attempts, at: failed_at, error: last_error.clone() });
+        if errors.last().is_none_or(|e| e.attempt < attempts) {
+            errors.push(AttemptError {
+                attempt: attempts,
+                at: failed_at,
+                error: cut(&last_error, HISTORY_ERROR_LEN).into(),
+            });
         }
-        let first_failed_at = errors.first().map_or(failed_at, |e| e.at);
-        let record = FailureRecord {
+        // The id the worker gives a record: the source message's, which the redrive policy keeps.
+        let id = attr(ATTR_SOURCE_ID).unwrap_or_else(|| message_id.clone());
+        FailureRecord {
             id: FailureId(id.clone()),
-            job_id: JobId(attr(ATTR_SOURCE_ID).unwrap_or(id)),
+            job_id: JobId(attr(ATTR_JOB_ID).unwrap_or(id)),
             kind: env.kind,
             key: env.key,
             provider_key: env.provider_key,
             payload: env.payload,
-            last_error: last_error.clone(),
+            last_error,
+            first_failed_at: errors.first().map_or(failed_at, |e| e.at),
             errors,
             attempts,
             cap: env.cap,
             severity: env.severity,
-            first_failed_at,
             last_failed_at: failed_at,
             state: RecordState::Open,
-        };
-        (record, undecodable.is_none())
-    }
-
-    async fn close(&self, record: &FailureRecord, dlq_receipt: &str) -> Result<()> {
-        // The audit copy first: if the delete then fails, the record is closed twice rather
-        // than lost.
-        self.inner
-            .client
-            .send_message()
-            .queue_url(&self.inner.audit_url)
-            .message_body(serde_json::to_string(record).expect("a record serializes"))
-            .send()
-            .await
-            .map_err(|e| sdk(e, "write the audit record"))?;
-        self.inner
-            .client
-            .delete_message()
-            .queue_url(&self.inner.dlq.url)
-            .receipt_handle(dlq_receipt)
-            .send()
-            .await
-            .map_err(|e| sdk(e, "delete the dead letter"))?;
-        Ok(())
+        }
     }
 }

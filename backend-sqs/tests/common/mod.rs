@@ -3,9 +3,12 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use redrive_core::alert::BoxFuture;
+use redrive_core::{Error, FailureId, FailureQuery, FailureRecord, RecordState, RecordStore, Result, Taken};
 use redrive_postgres::{PgBackend, PgConfig};
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
 
@@ -35,8 +38,15 @@ pub fn config(name: &str) -> SqsConfig {
         .with_max_wait(Duration::ZERO)
 }
 
+/// A queue pair set up for this test, with its records in a PostgreSQL schema of its own.
 pub async fn queue(label: &str, setup: QueueSetup) -> SqsBackend {
-    SqsBackend::setup(config(&name(label)), setup)
+    queue_named(&name(label), setup, ledger().await).await
+}
+
+/// The queue `name`, with its records in `store` (another process's view of a queue is the same
+/// name and store).
+pub async fn queue_named(name: &str, setup: QueueSetup, store: PgBackend) -> SqsBackend {
+    SqsBackend::setup(config(name), setup, store)
         .await
         .unwrap_or_else(|e| panic!("moto's SQS is required for these tests (run scripts/test): {e}"))
 }
@@ -52,12 +62,64 @@ pub async fn raw_client() -> aws_sdk_sqs::Client {
     aws_sdk_sqs::Client::new(&shared)
 }
 
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A migrated schema of its own: the effect ledger, and the record store of the queues made with it.
 pub async fn ledger() -> PgBackend {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = database_url();
     let schema = format!("rdt_{}_sqs", unique().replace('-', "_"));
     let ledger = PgBackend::connect(PgConfig::new(url).with_schema(schema).with_max_connections(3))
         .await
         .expect("PostgreSQL is required for the effect ledger (run scripts/test)");
     ledger.migrate().await.expect("migrate");
     ledger
+}
+
+/// A record store whose writes fail while `down` is set, as a database outage would.
+#[derive(Clone)]
+pub struct FlakyStore {
+    pub store: PgBackend,
+    pub down: Arc<AtomicBool>,
+}
+
+impl RecordStore for FlakyStore {
+    fn keep_records<'a>(&'a self, queue: &'a str, records: &'a [FailureRecord]) -> BoxFuture<'a, Result<u64>> {
+        if self.down.load(Ordering::Relaxed) {
+            return Box::pin(async { Err(Error::temporary("the database is down")) });
+        }
+        self.store.keep_records(queue, records)
+    }
+    fn records<'a>(&'a self, queue: &'a str, query: &'a FailureQuery) -> BoxFuture<'a, Result<Vec<FailureRecord>>> {
+        self.store.records(queue, query)
+    }
+    fn record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<FailureRecord>> {
+        self.store.record(queue, id)
+    }
+    fn open_records<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64>> {
+        self.store.open_records(queue)
+    }
+    fn take_for_replay<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a FailureId,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<Taken>> {
+        self.store.take_for_replay(queue, id, window)
+    }
+    fn close_record<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a FailureId,
+        state: &'a RecordState,
+    ) -> BoxFuture<'a, Result<Option<RecordState>>> {
+        self.store.close_record(queue, id, state)
+    }
+    fn purge_records<'a>(&'a self, queue: &'a str, age: Duration) -> BoxFuture<'a, Result<u64>> {
+        self.store.purge_records(queue, age)
+    }
+    fn records_mention<'a>(&'a self, queue: &'a str, text: &'a str) -> BoxFuture<'a, Result<bool>> {
+        self.store.records_mention(queue, text)
+    }
 }

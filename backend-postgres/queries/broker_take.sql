@@ -1,0 +1,9 @@
+-- Takes an unclosed record for a replay of $3 seconds; no row if it is closed or taken. Until
+-- the window lapses, other readers see it replayed now.
+UPDATE {schema}.broker_records
+SET state = 'replaying',
+    replay_until = now() + make_interval(secs => $3),
+    closed = jsonb_build_object('state', 'replayed', 'at', now())
+WHERE queue = $1 AND id = $2
+  AND (state = 'open' OR (state = 'replaying' AND replay_until < now()))
+RETURNING id, record, state, closed, replay_until, true AS unclosed

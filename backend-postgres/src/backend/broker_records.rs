@@ -1,0 +1,183 @@
+//! [`RecordStore`]: the failure records of broker queues (SQS, Azure), in `broker_records`.
+
+use std::time::Duration;
+
+use redrive_core::{
+    BoxFuture, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, RecordState, RecordStore, Result, Taken,
+};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use super::PgBackend;
+use crate::error::db;
+use crate::sql::q;
+
+/// The record a row holds, with the state its columns say.
+fn broker_record(row: &PgRow) -> Result<FailureRecord> {
+    let mut record: FailureRecord = serde_json::from_value(row.get("record"))
+        .map_err(|e| Error::new(ErrorKind::Decode, "a stored broker record does not decode").with_source(e))?;
+    record.state = state_of(row)?;
+    Ok(record)
+}
+
+fn state_of(row: &PgRow) -> Result<RecordState> {
+    if row.get::<bool, _>("unclosed") {
+        return Ok(RecordState::Open);
+    }
+    // Closed, or taken by a replay still within its window (for every other reader, replayed).
+    let closed = row.get::<Option<serde_json::Value>, _>("closed").unwrap_or_default();
+    serde_json::from_value(closed)
+        .map_err(|e| Error::new(ErrorKind::Decode, "a stored record state does not decode").with_source(e))
+}
+
+fn not_found(id: &FailureId) -> Error {
+    Error::new(ErrorKind::NotFound, format!("no failure record {id}"))
+}
+
+impl RecordStore for PgBackend {
+    fn keep_records<'a>(&'a self, queue: &'a str, records: &'a [FailureRecord]) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            if records.is_empty() {
+                return Ok(0);
+            }
+            let column = |f: fn(&FailureRecord) -> String| records.iter().map(f).collect::<Vec<_>>();
+            let bodies = column(|r| serde_json::to_string(r).expect("a record serializes"));
+            let kept = q(&self.inner.sql.broker_keep)
+                .bind(queue)
+                .bind(column(|r| r.id.0.clone()))
+                .bind(column(|r| r.job_id.0.clone()))
+                .bind(column(|r| r.kind.clone()))
+                .bind(column(|r| r.key.as_str().to_owned()))
+                .bind(records.iter().map(|r| r.last_failed_at).collect::<Vec<_>>())
+                .bind(bodies)
+                .execute(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "keep failure records"))?;
+            Ok(kept.rows_affected())
+        })
+    }
+
+    fn records<'a>(&'a self, queue: &'a str, query: &'a FailureQuery) -> BoxFuture<'a, Result<Vec<FailureRecord>>> {
+        Box::pin(async move {
+            let after = match &query.after {
+                None => 0,
+                Some(id) => q(&self.inner.sql.broker_cursor)
+                    .bind(queue)
+                    .bind(&id.0)
+                    .fetch_optional(&self.inner.pool)
+                    .await
+                    .map_err(|e| db(e, "find the page's start"))?
+                    .ok_or_else(|| {
+                        Error::new(ErrorKind::NotFound, format!("the page starts after record {id}, which is gone"))
+                    })?
+                    .get::<i64, _>("seq"),
+            };
+            let rows = q(&self.inner.sql.broker_list)
+                .bind(queue)
+                .bind(query.kind.clone())
+                .bind(query.open)
+                .bind(query.failed_before)
+                .bind(query.key.as_ref().map(|k| k.as_str().to_owned()))
+                .bind(query.job_id.as_ref().map(|j| j.0.clone()))
+                .bind(after)
+                .bind(query.page_size() as i64)
+                .fetch_all(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "list failure records"))?;
+            rows.iter().map(broker_record).collect()
+        })
+    }
+
+    fn record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<FailureRecord>> {
+        Box::pin(async move {
+            let row = q(&self.inner.sql.broker_get)
+                .bind(queue)
+                .bind(&id.0)
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "get failure record"))?;
+            broker_record(&row.ok_or_else(|| not_found(id))?)
+        })
+    }
+
+    fn open_records<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            let n: i64 = q(&self.inner.sql.broker_count_open)
+                .bind(queue)
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "count failure records"))?
+                .get(0);
+            Ok(n.max(0) as u64)
+        })
+    }
+
+    fn take_for_replay<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a FailureId,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<Taken>> {
+        Box::pin(async move {
+            let row = q(&self.inner.sql.broker_take)
+                .bind(queue)
+                .bind(&id.0)
+                .bind(window.as_secs_f64())
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "take a record for replay"))?;
+            match row {
+                Some(row) => Ok(Taken::Record(broker_record(&row)?)),
+                None => Ok(Taken::Closed(self.record(queue, id).await?.state)),
+            }
+        })
+    }
+
+    fn close_record<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a FailureId,
+        state: &'a RecordState,
+    ) -> BoxFuture<'a, Result<Option<RecordState>>> {
+        Box::pin(async move {
+            let by_replay = matches!(state, RecordState::Replayed { .. });
+            let closed = q(&self.inner.sql.broker_close)
+                .bind(queue)
+                .bind(&id.0)
+                .bind(serde_json::to_value(state).expect("a state serializes"))
+                .bind(by_replay)
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "close a failure record"))?;
+            match closed {
+                Some(_) => Ok(None),
+                None => Ok(Some(self.record(queue, id).await?.state)),
+            }
+        })
+    }
+
+    fn purge_records<'a>(&'a self, queue: &'a str, age: Duration) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            let purged: i64 = q(&self.inner.sql.broker_purge)
+                .bind(queue)
+                .bind(age.as_secs_f64())
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "purge failure records"))?
+                .get("purged");
+            Ok(purged.max(0) as u64)
+        })
+    }
+
+    fn records_mention<'a>(&'a self, queue: &'a str, text: &'a str) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            q(&self.inner.sql.broker_mention)
+                .bind(queue)
+                .bind(text)
+                .fetch_one(&self.inner.pool)
+                .await
+                .map(|row| row.get::<bool, _>("found"))
+                .map_err(|e| db(e, "search failure records"))
+        })
+    }
+}
