@@ -5,12 +5,16 @@
 //! `eval "$(scripts/services env)" && cargo bench -p redrive-sqs --bench requests`
 //!
 //! The floor with batches of ten is 0.3: one send, one receive and one delete per ten jobs.
+//! Then requests per failure record: draining the DLQ, listing 10,500 records, replaying 1,000.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use redrive_core::{Enqueue, Job, JobContext, JobError, KeyBuilder, NewJob, Worker, WorkerConfig};
+use redrive_core::{
+    DeadLetter, Enqueue, FailureId, FailureQuery, FailureRecord, Job, JobContext, JobError, JobId, KeyBuilder, NewJob,
+    RecordState, RecordStore, Replay, Severity, Worker, WorkerConfig,
+};
 use redrive_postgres::{PgBackend, PgConfig};
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
 use serde::{Deserialize, Serialize};
@@ -41,7 +45,7 @@ async fn main() -> BoxResult<()> {
     let name = format!("rdbench-{}-{nanos:x}", std::process::id());
     // Short polling: moto holds a long poll for its whole wait even when messages are ready.
     let config = SqsConfig::new(&name)
-        .with_endpoint(endpoint)
+        .with_endpoint(&endpoint)
         .with_region("us-east-1")
         .with_static_credentials("test", "test")
         .with_max_wait(Duration::ZERO);
@@ -91,6 +95,7 @@ async fn main() -> BoxResult<()> {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (sends, work) = (producer.request_count() - sends_before, consumer.request_count() - work_before);
     worker.shutdown().await;
+    let records = records(endpoint, &config, &ledger).await?;
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE"))).execute(ledger.pool()).await?;
 
     let per = |n: u64| n as f64 / JOBS as f64;
@@ -103,5 +108,109 @@ async fn main() -> BoxResult<()> {
     println!("| total | {} | {:.3} |", sends + work, per(sends + work));
     println!();
     println!("floor: 0.300 per job; worker drained {JOBS} jobs in {:.2} s", elapsed.as_secs_f64());
+    println!();
+    println!("# redrive-sqs: API requests per failure record");
+    println!();
+    println!("| operation | records | requests | per record |");
+    println!("|---|---:|---:|---:|");
+    for (what, n, requests) in records {
+        println!("| {what} | {n} | {requests} | {:.4} |", requests as f64 / n as f64);
+    }
     Ok(())
+}
+
+/// Requests per record: draining what the redrive policy moved, listing every record (pages of
+/// 500) and replaying a thousand, each by a backend of its own so that its counter sees only it.
+async fn records(endpoint: String, config: &SqsConfig, ledger: &PgBackend) -> BoxResult<Vec<(&'static str, u64, u64)>> {
+    const WRITTEN: u64 = 10_000;
+    const MOVED: u64 = 500;
+    const REPLAYED: u64 = 1_000;
+    let writer = SqsBackend::connect(config.clone(), ledger.clone()).await?;
+    // Records as workers write them: straight into the store (no SQS request).
+    let scope = writer.record_scope().to_owned();
+    let now = chrono::Utc::now();
+    for chunk in (0..WRITTEN).collect::<Vec<_>>().chunks(1_000) {
+        let records: Vec<FailureRecord> = chunk
+            .iter()
+            .map(|&n| {
+                let job = NewJob::from_job(&Noop { n }).expect("a job");
+                FailureRecord {
+                    id: FailureId(format!("bench-{n}")),
+                    job_id: JobId(format!("job-{n}")),
+                    kind: job.kind,
+                    key: job.key,
+                    provider_key: job.provider_key,
+                    payload: job.payload,
+                    last_error: "failed for the benchmark".into(),
+                    errors: Vec::new(),
+                    attempts: 5,
+                    cap: 5,
+                    severity: Severity::Error,
+                    first_failed_at: now,
+                    last_failed_at: now,
+                    state: RecordState::Open,
+                }
+            })
+            .collect();
+        ledger.keep_records(&scope, &records).await?;
+    }
+    // What the redrive policy moves: messages in the DLQ, drained by the first read.
+    let dlq = writer.dead_letter_queue_url().to_owned();
+    let client = raw_client(&endpoint).await;
+    for batch in 0..MOVED / 10 {
+        let entries = (0..10).map(|i| {
+            let job = NewJob::from_job(&Noop { n: WRITTEN + batch * 10 + i }).expect("a job");
+            aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message_body(redrive_core::Envelope::new(&job).encode())
+                .build()
+                .expect("id and body")
+        });
+        client.send_message_batch().queue_url(&dlq).set_entries(Some(entries.collect())).send().await?;
+    }
+    let drainer = SqsBackend::connect(config.clone(), ledger.clone()).await?;
+    let before = drainer.request_count();
+    let open = drainer.count_open().await?;
+    assert_eq!(open, WRITTEN + MOVED, "every record is open");
+    let drained = drainer.request_count() - before;
+
+    let reader = SqsBackend::connect(config.clone(), ledger.clone()).await?;
+    let before = reader.request_count();
+    let mut query = FailureQuery { limit: 500, ..FailureQuery::open() };
+    let mut listed = 0;
+    loop {
+        let page = reader.list(&query).await?;
+        listed += page.len() as u64;
+        match page.last() {
+            Some(last) if page.len() == query.limit => query.after = Some(last.id.clone()),
+            _ => break,
+        }
+    }
+    assert_eq!(listed, WRITTEN + MOVED, "the list is complete");
+    let listing = reader.request_count() - before;
+
+    let replayer = SqsBackend::connect(config.clone(), ledger.clone()).await?;
+    let before = replayer.request_count();
+    let by_kind = FailureQuery { limit: REPLAYED as usize, ..FailureQuery::open() };
+    let first = replayer.list(&by_kind).await?;
+    for record in &first {
+        replayer.replay(&record.id).await?;
+    }
+    let replaying = replayer.request_count() - before;
+    Ok(vec![
+        ("drain the DLQ into the store (moved by the redrive policy)", MOVED, drained),
+        ("list every record, pages of 500", WRITTEN + MOVED, listing),
+        ("replay 1,000 records (one list, then one replay each)", first.len() as u64, replaying),
+    ])
+}
+
+/// A plain SDK client on the bench's endpoint, for what a redrive policy would do.
+async fn raw_client(endpoint: &str) -> aws_sdk_sqs::Client {
+    let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_sqs::config::Credentials::new("test", "test", None, None, "bench"))
+        .load()
+        .await;
+    aws_sdk_sqs::Client::new(&shared)
 }

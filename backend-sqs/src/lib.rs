@@ -13,16 +13,16 @@
 //! | complete | batched `DeleteMessageBatch`, shared by concurrent completions |
 //! | retry, renew, release | `ChangeMessageVisibility`; every receive stays counted |
 //! | defer | send a copy with the spent attempts and `DelaySeconds` (≤ 15 min), then delete the original: deferrals never count against `maxReceiveCount`. FIFO queues refuse a per-message delay: there a deferral is `ChangeMessageVisibility` and counts |
-//! | dead letter | the worker sends the message to the DLQ with the error, attempts and time as attributes, then deletes it; the redrive policy's `maxReceiveCount` is the safety net for crashes |
-//! | failure records | the DLQ's messages, read without consuming them; closed records (replayed or discarded, with reason and actor) in `<dlq>-audit` |
-//! | replay | send back to the source with the original keys, then close the record |
+//! | dead letter | the worker keeps the record in the [`RecordStore`](redrive_core::RecordStore) (the application's database), then deletes the message; the redrive policy's `maxReceiveCount` is the safety net for crashes |
+//! | failure records | read from the store: complete, paged, hiding nothing from other readers; the DLQ (what the redrive policy moved, and records written while the store was down) is drained into it first |
+//! | replay | take the record in the store (no other process sends it), send back to the source with the original keys, close the record |
 //! | effect ledger | not here: pass your database's (e.g. `redrive-postgres`) to the worker |
 //!
 //! SQS cannot give a receive back: a worker that dies holding messages it had not started yet
 //! charges each of them an attempt (no crash refunds), and so does a release.
 //!
-//! Start-up refuses a queue without a redrive policy, a missing DLQ or audit queue, and a DLQ
-//! that keeps messages for less time than the source; enqueue refuses a job whose cap is above
+//! Start-up refuses a queue without a redrive policy, a missing DLQ, a DLQ that does not keep
+//! messages longer than the source, and a record store that is not migrated; enqueue refuses a job whose cap is above
 //! the policy's `maxReceiveCount`, and a message over the queue's `MaximumMessageSize`.
 
 mod backend;

@@ -1,11 +1,15 @@
 //! The fault half: the same promise while renewals stall, the ledger is down, workers die, run
 //! only some kinds, or alert sinks fail; and what purge and logs must never keep.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use redrive_core::{Dedupe, Enqueued, IdempotencyKey, Ledger, NewJob, ProviderKey, WorkerConfig};
+use redrive_core::{
+    Dedupe, Enqueued, FailureQuery, IdempotencyKey, Ledger, NewJob, ProviderKey, RecordState, ReplayOutcome,
+    WorkerConfig,
+};
 use serde_json::json;
 
 use crate::harness::{Fault, Freeze, Handles, LogWatch, OtherProbe, Probe, Run, ensure};
@@ -343,4 +347,60 @@ pub async fn purge_forgets<Q: Queue, L: Ledger + Clone + 'static>(subject: Subje
     run.settle().await;
     worker.shutdown().await;
     run.report(&[67], &[]).await
+}
+
+/// Behaviour 24: Two operators at once. Two readers paging through the records together (pages
+/// of one) each see every record once; two replays of one record at the same moment put its job
+/// back once: one answers `Replayed`, the other finds the record replayed; each job then has one
+/// effect.
+pub async fn racing_replays<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
+    let run = Run::new("racing_replays", subject);
+    let jobs = [crate::scenarios::exhaust_one(&run, 68).await?, crate::scenarios::exhaust_one(&run, 69).await?];
+    run.script.heal();
+    let read_all = || async {
+        let mut query = FailureQuery { limit: 1, ..FailureQuery::open() };
+        let mut ids = Vec::new();
+        loop {
+            let page = run.s.queue.list(&query).await?;
+            ids.extend(page.iter().map(|r| r.id.clone()));
+            match page.last() {
+                Some(last) => query.after = Some(last.id.clone()),
+                None => return redrive_core::Result::Ok(ids),
+            }
+        }
+    };
+    let (first, second) = tokio::join!(read_all(), read_all());
+    let (first, second) = (run.must("list", first)?, run.must("list", second)?);
+    let records = run.open_records().await?;
+    let all: BTreeSet<_> = records.iter().map(|r| r.id.clone()).collect();
+    for (reader, ids) in [("first", &first), ("second", &second)] {
+        let seen: BTreeSet<_> = ids.iter().cloned().collect();
+        ensure!(
+            run,
+            ids.len() == all.len() && seen == all,
+            "the {reader} reader should page through the {} open records once each, saw {ids:?}",
+            all.len()
+        );
+    }
+    for record in &records {
+        let (a, b) = tokio::join!(run.s.queue.replay(&record.id), run.s.queue.replay(&record.id));
+        let outcomes = [run.must("replay", a)?, run.must("replay", b)?];
+        let replayed = outcomes.iter().filter(|o| matches!(o, ReplayOutcome::Replayed(_))).count();
+        ensure!(run, replayed == 1, "two replays at once should put the job back once, answered {outcomes:?}");
+        ensure!(
+            run,
+            outcomes.iter().any(|o| matches!(o, ReplayOutcome::AlreadyClosed(RecordState::Replayed { .. }))),
+            "the other replay should find the record replayed, answered {outcomes:?}"
+        );
+    }
+    let worker = run.worker(2);
+    run.wait_for_effects(jobs.len()).await?;
+    run.settle().await;
+    worker.shutdown().await;
+    for job in &jobs {
+        let effects = run.script.effects_of(&job.key).len();
+        ensure!(run, effects == 1, "a replayed job should have one effect, had {effects}");
+    }
+    ensure!(run, run.must("count", run.s.queue.count_open().await)? == 0, "no record should stay open");
+    run.report(&[68, 69], &[]).await
 }

@@ -37,6 +37,7 @@
 //! | 21 | [`alert_delivery`] | a flaky sink, a worker killed after the record: one alert per record |
 //! | 22 | [`no_payload_in_logs`] | a canary in payloads that fail: in no log line, error or alert |
 //! | 23 | [`purge_forgets`] | after purge the payload is nowhere; re-enqueuing the key runs it once |
+//! | 24 | [`racing_replays`] | two readers paging at once see every record; two replays at once put a job back once |
 //!
 //! # Running it against your backend
 //!
@@ -230,7 +231,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 23] = [
+pub const SCENARIOS: [&str; 24] = [
     "replay",
     "race",
     "exhaust",
@@ -254,6 +255,7 @@ pub const SCENARIOS: [&str; 23] = [
     "alert_delivery",
     "no_payload_in_logs",
     "purge_forgets",
+    "racing_replays",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -264,7 +266,7 @@ macro_rules! suite {
         $crate::suite!(@each $subject; replay race exhaust recover key_conflict undecodable oversized
             dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims slow_handler
             stalled_heartbeat busy_never_dead_letters ledger_outage provider_key_once mixed_kinds crash_loop
-            alert_delivery no_payload_in_logs purge_forgets);
+            alert_delivery no_payload_in_logs purge_forgets racing_replays);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

@@ -93,7 +93,7 @@ pub async fn race<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>)
 
 /// Runs probe `id` with an always-failing handler to its failure record, checking the attempts,
 /// the record and the one alert.
-async fn exhaust_one<Q: Queue, L: Ledger + Clone + 'static>(
+pub(crate) async fn exhaust_one<Q: Queue, L: Ledger + Clone + 'static>(
     run: &Run<Q, L>,
     id: u32,
 ) -> Result<NewJob, crate::Violation> {

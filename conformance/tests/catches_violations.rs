@@ -47,6 +47,9 @@ enum Fault {
     ErrorQuotesPayload,
     /// `purge` answers as if it had deleted, and deletes nothing.
     PurgeKeepsAll,
+    /// `replay` sends the job whatever the record's state, as a read-check-send replay does when
+    /// two run at once.
+    ReplayUnchecked,
 }
 
 impl Broken {
@@ -155,7 +158,13 @@ impl DeadLetter for Broken {
 
 impl Replay for Broken {
     async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
-        self.0.replay(id).await
+        match self.0.replay(id).await? {
+            ReplayOutcome::AlreadyClosed(_) if self.has(Fault::ReplayUnchecked) => {
+                let record = self.0.get(id).await?;
+                Ok(ReplayOutcome::Replayed(record.job_id))
+            }
+            outcome => Ok(outcome),
+        }
     }
 }
 
@@ -328,4 +337,10 @@ async fn an_error_quoting_the_payload_fails_no_payload_in_logs() {
 async fn a_purge_that_keeps_payloads_fails_purge_forgets() {
     let violation = redrive_conformance::purge_forgets(broken(&[Fault::PurgeKeepsAll], timing())).await.unwrap_err();
     assert!(violation.message.contains("nowhere"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_does_not_check_the_record_fails_racing_replays() {
+    let violation = redrive_conformance::racing_replays(broken(&[Fault::ReplayUnchecked], timing())).await.unwrap_err();
+    assert!(violation.message.contains("put the job back once"), "{violation}");
 }

@@ -21,7 +21,7 @@ use crate::error::Result;
 pub enum Taken {
     /// The record was open (or its last replay lapsed unconfirmed): it is this caller's to send
     /// back, for the window asked.
-    Record(FailureRecord),
+    Record(Box<FailureRecord>),
     /// The record is closed, or another caller is replaying it: send nothing.
     Closed(RecordState),
 }

@@ -127,7 +127,7 @@ impl RecordStore for PgBackend {
                 .await
                 .map_err(|e| db(e, "take a record for replay"))?;
             match row {
-                Some(row) => Ok(Taken::Record(broker_record(&row)?)),
+                Some(row) => Ok(Taken::Record(Box::new(broker_record(&row)?))),
                 None => Ok(Taken::Closed(self.record(queue, id).await?.state)),
             }
         })

@@ -282,6 +282,16 @@ impl SqsBackend {
         &self.inner.source.url
     }
 
+    /// The dead-letter queue's URL: the redrive policy's target, drained into the record store.
+    pub fn dead_letter_queue_url(&self) -> &str {
+        &self.inner.dlq.url
+    }
+
+    /// The name this queue's records have in the [`RecordStore`]: the source queue's ARN.
+    pub fn record_scope(&self) -> &str {
+        &self.inner.scope
+    }
+
     /// The largest message the source queue accepts, envelope and attributes included.
     pub fn max_message_size(&self) -> usize {
         self.inner.source.max_message_size
@@ -888,6 +898,27 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_stopped_part_way_names_what_was_not_sent() {
+        let jobs: Vec<NewJob> = (0..25)
+            .map(|n| {
+                let key = IdempotencyKey::builder("ship").fact("parcel", n).build().unwrap();
+                NewJob::new("ship", key, serde_json::json!({ "parcel": n })).unwrap()
+            })
+            .collect();
+        let mut sent: Vec<Option<String>> = (0..25).map(|n| Some(format!("m-{n}"))).collect();
+        sent[3] = None;
+        for s in &mut sent[10..] {
+            *s = None;
+        }
+        let err = not_all_sent(&jobs, &sent, "InternalError: try again");
+        assert_eq!(err.retry(), redrive_core::Retry::Temporary);
+        let text = err.message();
+        assert!(text.starts_with("sqs: 9 of 25 jobs were sent; not sent (InternalError: try again): "), "{text}");
+        assert!(text.contains("ship:parcel=3, ship:parcel=10,") && text.contains(" and 1 more;"), "{text}");
+        assert!(!text.contains("ship:parcel=0,"), "{text}");
+    }
+
+    #[test]
     fn queue_names_follow_sqs_rules() {
         for ok in ["jobs", "jobs-dlq", "a_b-9.fifo", &"q".repeat(80)] {
             assert!(check_queue_name(ok).is_ok(), "{ok}");
@@ -895,7 +926,6 @@ mod tests {
         for bad in ["", ".fifo", "with space", "dots.in.name", &"q".repeat(81)] {
             assert_eq!(check_queue_name(bad).unwrap_err().kind(), ErrorKind::InvalidName, "{bad}");
         }
-        assert_eq!(audit_name("jobs-dlq.fifo"), "jobs-dlq-audit");
     }
 
     #[test]
@@ -932,6 +962,7 @@ mod tests {
             ATTR_SOURCE_ID,
             ATTR_SPENT,
             ATTR_ERRORS,
+            ATTR_JOB_ID,
         ] {
             assert!(doc.contains(&format!("| `{name}` |")), "docs/envelope.md does not name the attribute {name}");
         }

@@ -89,6 +89,12 @@ fn power_of_two_at_most(n: usize) -> usize {
     if n <= 1 { 1 } else { 1 << (usize::BITS - 1 - n.leading_zeros()) }
 }
 
+/// A claim of `n` jobs as asked: a full `batch` as it is (SQS takes ten: a claim of eight would
+/// cost a quarter more requests per job), anything less rounded down to a power of two.
+fn claim_count(n: usize, batch: usize) -> usize {
+    if n >= batch { batch } else { power_of_two_at_most(n) }
+}
+
 /// Claims ahead of the running handlers: `claimers` claim calls in flight, each taking up to
 /// `batch` jobs, into a buffer the dispatcher hands to at most `concurrency` handlers. Beside
 /// them, the alert sweep.
@@ -267,16 +273,16 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         self.pace.ahead(&self.config, self.claim_lease).max(self.slots.available_permits())
     }
 
-    /// Jobs to ask for in one claim: the claimers' share of the [`room`](Self::room), at most
-    /// the batch, rounded down to a power of two (a backend may prepare a statement per size: it
-    /// sees few). Never more than the room, or the claim could wait for room that never comes.
+    /// Jobs to ask for in one claim: the claimers' share of the [`room`](Self::room), the whole
+    /// batch or less rounded down to a power of two (a backend may prepare a statement per size:
+    /// it sees few). Never more than the room, or the claim could wait for room that never comes.
     fn claim_size(&self) -> usize {
-        power_of_two_at_most(self.room().div_ceil(self.config.claimers.max(1)).min(self.batch()))
+        claim_count(self.room().div_ceil(self.config.claimers.max(1)).min(self.batch()), self.batch())
     }
 
     /// Waits until the buffer has room below the [`room`](Self::room), then reserves places in
-    /// it (in `buffered`) for up to `want` jobs, as many as fit now (rounded down to a power of
-    /// two), so that two claimers never both claim for the same idle handler. Returns how many.
+    /// it (in `buffered`) for up to `want` jobs, as many as fit now (see [`claim_count`]), so
+    /// that two claimers never both claim for the same idle handler. Returns how many.
     async fn wait_for_pace(&self, want: usize) -> usize {
         loop {
             let taken = self.taken.notified();
@@ -286,7 +292,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             let buffered = self.buffered.load(Ordering::Relaxed);
             let free = self.room().saturating_sub(buffered);
             if free > 0 {
-                let take = power_of_two_at_most(want.min(free));
+                let take = claim_count(want.min(free), self.batch());
                 let reserved =
                     self.buffered.compare_exchange(buffered, buffered + take, Ordering::AcqRel, Ordering::Relaxed);
                 if reserved.is_ok() {
@@ -309,5 +315,20 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             self.queue.defer(&claimed.lease, Duration::ZERO).await
         };
         self.settle(given_back);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::claim_count;
+
+    #[test]
+    fn a_claim_takes_the_whole_batch_or_a_power_of_two_below_it() {
+        assert_eq!(claim_count(10, 10), 10, "SQS's ten, not eight");
+        assert_eq!(claim_count(40, 10), 10);
+        assert_eq!(claim_count(9, 10), 8);
+        assert_eq!(claim_count(100, 128), 64);
+        assert_eq!(claim_count(128, 128), 128);
+        assert_eq!(claim_count(0, 10), 1);
     }
 }
