@@ -21,7 +21,11 @@ use serde::{Deserialize, Serialize};
 
 const JOBS: u64 = 2000;
 /// Jobs sent before the worker starts, so it never begins on an empty queue.
-const PREFILL: u64 = 500;
+const PREFILL: u64 = 200;
+/// The backlog the producer keeps at most: moto's calls slow down with the queue's depth.
+const BACKLOG: u64 = 200;
+/// The jobs whose requests count as the steady state.
+const STEADY: std::ops::Range<u64> = 500..1500;
 
 #[derive(Serialize, Deserialize)]
 struct Noop {
@@ -80,8 +84,24 @@ async fn main() -> BoxResult<()> {
         })
         .build()
         .start();
+    // The steady state: the worker's requests between the 500th and the 1500th job, away from
+    // the start (pace unknown) and the tail (the backlog runs out).
+    let steady = {
+        let (done, consumer) = (Arc::clone(&done), consumer.clone());
+        tokio::spawn(async move {
+            let mut marks = Vec::new();
+            for mark in [STEADY.start, STEADY.end] {
+                while done.load(Ordering::Relaxed) < mark {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                marks.push((done.load(Ordering::Relaxed), consumer.request_count()));
+            }
+            let ((jobs_from, from), (jobs_to, to)) = (marks[0], marks[1]);
+            (to - from) as f64 / (jobs_to - jobs_from) as f64
+        })
+    };
     for chunk in (PREFILL..JOBS).collect::<Vec<_>>().chunks(100) {
-        while chunk[0] > done.load(Ordering::Relaxed) + 600 {
+        while chunk[0] > done.load(Ordering::Relaxed) + BACKLOG {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let jobs: Vec<NewJob> = chunk.iter().map(|&n| NewJob::from_job(&Noop { n })).collect::<Result<_, _>>()?;
@@ -95,6 +115,7 @@ async fn main() -> BoxResult<()> {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (sends, work) = (producer.request_count() - sends_before, consumer.request_count() - work_before);
     worker.shutdown().await;
+    let steady = steady.await?;
     let records = records(endpoint, &config, &ledger).await?;
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE"))).execute(ledger.pool()).await?;
 
@@ -106,6 +127,13 @@ async fn main() -> BoxResult<()> {
     println!("| producer: SendMessageBatch | {sends} | {:.3} |", per(sends));
     println!("| worker: receive + delete (+ the partial receives at start and end) | {work} | {:.3} |", per(work));
     println!("| total | {} | {:.3} |", sends + work, per(sends + work));
+    println!(
+        "| steady state (jobs {} to {}): worker {steady:.3} + producer {:.3} | | {:.3} |",
+        STEADY.start,
+        STEADY.end,
+        per(sends),
+        steady + per(sends)
+    );
     println!();
     println!("floor: 0.300 per job; worker drained {JOBS} jobs in {:.2} s", elapsed.as_secs_f64());
     println!();

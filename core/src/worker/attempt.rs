@@ -25,7 +25,12 @@ use crate::policy::{Decision, Outcome};
 /// A claimed job as its attempt goes: its lease as last renewed, and until when its key is held.
 struct Attempt<'a> {
     claimed: &'a Claimed,
+    /// When the claim was made: its claim lease runs from here.
+    claimed_at: Instant,
     lease: Mutex<Lease>,
+    /// About when the current lease lapses, and how long a renewal makes it.
+    lease_until: Mutex<Instant>,
+    renews_for: Duration,
     held_until: Mutex<Instant>,
 }
 
@@ -36,6 +41,11 @@ impl Attempt<'_> {
 
     fn renewed(&self, lease: Lease) {
         *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
+        *self.lease_until.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now() + self.renews_for;
+    }
+
+    fn lease_until(&self) -> Instant {
+        *self.lease_until.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn held_until(&self) -> Instant {
@@ -123,7 +133,10 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         let held_for = if hold.lease.is_some() { self.claim_lease } else { self.config.lease };
         let attempt = Attempt {
             claimed: &claimed,
+            claimed_at,
             lease: Mutex::new(claimed.lease.clone()),
+            lease_until: Mutex::new(claimed_at + self.claim_lease),
+            renews_for: self.config.lease,
             held_until: Mutex::new(held_from + held_for),
         };
         if job.attempt > job.cap {
@@ -235,17 +248,22 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
 
     /// Beside a settlement that takes long (a database stall), keeps the job's lease alive: a
     /// quick handler's job is still on its short claim lease, and must not be taken again while
-    /// its result is being written. A settlement done within a third of the claim lease (almost
-    /// all of them) costs a timer and nothing more.
+    /// its result is being written. It renews when a third of the claim lease is left on the
+    /// current lease, not before: a settlement done by then (almost all of them) costs a timer
+    /// and nothing more.
     async fn keep_lease_while_settling(&self, attempt: &Attempt<'_>) {
-        let every = (self.claim_lease / 3).max(Duration::from_millis(10));
+        let margin = (self.claim_lease / 3).max(Duration::from_millis(10));
+        let mut next = attempt.lease_until() - margin;
         loop {
-            tokio::time::sleep(every).await;
-            let Some(renewal) = self.queue.renewal() else { continue };
-            match renewal.renew(&attempt.lease(), self.config.lease).await {
-                Ok(lease) => attempt.renewed(lease),
-                Err(e) => debug!(error = %e, "could not extend the lease of a job being settled"),
+            tokio::time::sleep_until(next).await;
+            if let Some(renewal) = self.queue.renewal() {
+                match renewal.renew(&attempt.lease(), self.config.lease).await {
+                    Ok(lease) => attempt.renewed(lease),
+                    Err(e) => debug!(error = %e, "could not extend the lease of a job being settled"),
+                }
             }
+            // At least a margin apart, should a renewal fail.
+            next = (attempt.lease_until() - margin).max(Instant::now() + margin);
         }
     }
 
@@ -286,6 +304,12 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         // Also with the claim lease as long as the lease: the renewal marks the job started, so
         // that a crash from here on charges it.
         if let Some(renewal) = renewal {
+            if !self.caps.crash_refunds {
+                // Nothing to mark: this backend charges a lapsed claim anyway. The job moves to
+                // the full lease once it has used half its claim lease, so that a quick job costs
+                // no renewal (on SQS, a request for every job).
+                tokio::time::sleep_until(attempt.claimed_at + self.claim_lease / 2).await;
+            }
             loop {
                 let asked = Instant::now();
                 match tokio::time::timeout_at(deadline(), renewal.renew(&attempt.lease(), config.lease)).await {
