@@ -1,0 +1,181 @@
+//! Where the account is and how to sign for it: a connection string, or Azurite's development
+//! account.
+
+use std::sync::Arc;
+
+use azure_core::http::{ClientOptions, Url};
+use azure_storage_queue::{QueueClient, QueueClientOptions};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use redrive_core::{Error, ErrorKind, Result};
+
+use crate::shared_key::SharedKey;
+
+/// The Queue service version every request asks for: the newest Azurite 3.35 accepts (3.35 is
+/// the newest Azurite that runs on Node 20; the SDK's default, 2026-04-06, needs Azurite 3.37).
+pub const SERVICE_VERSION: &str = "2025-11-05";
+
+/// Azurite's well-known development account and key (published in Azurite's README).
+const DEV_ACCOUNT: &str = "devstoreaccount1";
+const DEV_KEY: &str = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+const DEV_QUEUE_ENDPOINT: &str = "http://127.0.0.1:10001/devstoreaccount1";
+
+/// An Azure Storage account's queue endpoint and its shared key.
+#[derive(Clone)]
+pub struct AzureConfig {
+    account: String,
+    key: Arc<[u8]>,
+    endpoint: Url,
+}
+
+// The key is a secret: never printed.
+impl std::fmt::Debug for AzureConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AzureConfig")
+            .field("account", &self.account)
+            .field("endpoint", &self.endpoint.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+fn config_error(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Config, message)
+}
+
+impl AzureConfig {
+    /// Azurite's development account on its default queue port (`UseDevelopmentStorage=true`).
+    pub fn development() -> Self {
+        Self::from_connection_string("UseDevelopmentStorage=true").expect("the development account parses")
+    }
+
+    /// From a storage connection string: `AccountName=…;AccountKey=…` with `QueueEndpoint=…`, or
+    /// `DefaultEndpointsProtocol` and `EndpointSuffix` to build it; or `UseDevelopmentStorage=true`.
+    /// Errors never quote the string: it holds the key.
+    pub fn from_connection_string(text: &str) -> Result<Self> {
+        let mut fields = std::collections::HashMap::new();
+        for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, value) =
+                part.split_once('=').ok_or_else(|| config_error("the connection string has a part without `=`"))?;
+            fields.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
+        }
+        let field = |name: &str| fields.get(name).map(String::as_str);
+        if field("usedevelopmentstorage").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+            return Self::new(DEV_ACCOUNT, DEV_KEY, DEV_QUEUE_ENDPOINT);
+        }
+        let account = field("accountname").ok_or_else(|| config_error("the connection string has no AccountName"))?;
+        let key = field("accountkey").ok_or_else(|| {
+            config_error("the connection string has no AccountKey (SAS and Entra ID are not supported yet)")
+        })?;
+        let endpoint = match field("queueendpoint") {
+            Some(endpoint) => endpoint.to_owned(),
+            None => format!(
+                "{}://{account}.queue.{}",
+                field("defaultendpointsprotocol").unwrap_or("https"),
+                field("endpointsuffix").unwrap_or("core.windows.net")
+            ),
+        };
+        Self::new(account, key, &endpoint)
+    }
+
+    /// From `AZURE_STORAGE_CONNECTION_STRING`, as Azure's tools read it.
+    pub fn from_env() -> Result<Self> {
+        let text = std::env::var("AZURE_STORAGE_CONNECTION_STRING")
+            .map_err(|_| config_error("AZURE_STORAGE_CONNECTION_STRING is not set"))?;
+        Self::from_connection_string(&text)
+    }
+
+    fn new(account: &str, key: &str, endpoint: &str) -> Result<Self> {
+        let key = STANDARD.decode(key).map_err(|_| config_error("the AccountKey is not base64"))?;
+        let endpoint = Url::parse(endpoint.trim_end_matches('/'))
+            .map_err(|e| config_error(format!("the queue endpoint is not a URL: {e}")))?;
+        if endpoint.cannot_be_a_base() || !matches!(endpoint.scheme(), "http" | "https") {
+            return Err(config_error("the queue endpoint must be an http or https URL"));
+        }
+        Ok(Self { account: account.to_owned(), key: key.into(), endpoint })
+    }
+
+    /// The storage account's name.
+    pub fn account(&self) -> &str {
+        &self.account
+    }
+
+    /// The queue service's endpoint (path-style on Azurite: `http://127.0.0.1:10001/<account>`).
+    pub fn queue_endpoint(&self) -> &str {
+        self.endpoint.as_str()
+    }
+
+    /// The Azure SDK's client for `queue`, signing with the shared key and asking for
+    /// [`SERVICE_VERSION`]: for what this crate does not do itself. Its types are those of the
+    /// SDK version this crate re-exports ([`azure_storage_queue`](crate::azure_storage_queue)).
+    pub fn queue_client(&self, queue: &str) -> Result<QueueClient> {
+        check_queue_name(queue)?;
+        let mut url = self.endpoint.clone();
+        url.path_segments_mut()
+            .map_err(|()| config_error("the queue endpoint cannot take a path"))?
+            .pop_if_empty()
+            .push(queue);
+        let signing = SharedKey::new(self.account.clone(), self.key.to_vec());
+        let options = QueueClientOptions {
+            client_options: ClientOptions { per_try_policies: vec![Arc::new(signing)], ..ClientOptions::default() },
+            version: SERVICE_VERSION.to_owned(),
+        };
+        QueueClient::new(url, None, Some(options)).map_err(|e| config_error(format!("azure: {e}")))
+    }
+}
+
+/// Azure queue names: 3 to 63 of a-z 0-9 and `-`, starting and ending with a letter or digit,
+/// no two `-` in a row.
+pub(crate) fn check_queue_name(name: &str) -> Result<()> {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = name.as_bytes();
+    let ok = (3..=63).contains(&name.len())
+        && bytes.iter().all(|&b| alnum(b) || b == b'-')
+        && bytes.first().is_some_and(|&b| alnum(b))
+        && bytes.last().is_some_and(|&b| alnum(b))
+        && !name.contains("--");
+    ok.then_some(()).ok_or_else(|| {
+        let rules = "3 to 63 of a-z 0-9 -, starting and ending with a letter or digit, with no `--`";
+        Error::new(ErrorKind::InvalidName, format!("queue name {name:?} must be {rules}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_strings_give_the_endpoint_and_never_show_the_key() {
+        let dev = AzureConfig::development();
+        assert_eq!((dev.account(), dev.queue_endpoint()), (DEV_ACCOUNT, DEV_QUEUE_ENDPOINT));
+        let cloud = AzureConfig::from_connection_string(
+            "DefaultEndpointsProtocol=https;AccountName=shop;AccountKey=c2VjcmV0;EndpointSuffix=core.windows.net",
+        )
+        .unwrap();
+        assert_eq!(cloud.queue_endpoint(), "https://shop.queue.core.windows.net/");
+        let explicit = AzureConfig::from_connection_string(
+            "AccountName=devstoreaccount1;AccountKey=c2VjcmV0;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;",
+        )
+        .unwrap();
+        assert_eq!(explicit.queue_endpoint(), "http://127.0.0.1:10001/devstoreaccount1");
+        assert!(!format!("{cloud:?}").contains("c2VjcmV0") && !format!("{dev:?}").contains("Eby8"));
+    }
+
+    #[test]
+    fn bad_connection_strings_are_config_errors_that_quote_nothing() {
+        for bad in ["AccountName=a", "AccountKey=c2VjcmV0", "AccountName=a;AccountKey=not base64!", "garbage"] {
+            let err = AzureConfig::from_connection_string(bad).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{bad}");
+            assert!(!err.message().contains("c2VjcmV0") && !err.message().contains("base64!"), "{err}");
+        }
+    }
+
+    #[test]
+    fn queue_names_follow_azure_rules() {
+        for ok in ["jobs", "job-s1", "abc", &"q".repeat(63)] {
+            assert!(check_queue_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["ab", "Jobs", "-jobs", "jobs-", "jo--bs", "jobs_1", &"q".repeat(64)] {
+            assert_eq!(check_queue_name(bad).unwrap_err().kind(), ErrorKind::InvalidName, "{bad}");
+        }
+    }
+}
