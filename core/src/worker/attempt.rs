@@ -303,12 +303,15 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         // Until it takes: once the claim lease lapses, another worker may start the job.
         // Also with the claim lease as long as the lease: the renewal marks the job started, so
         // that a crash from here on charges it.
+        let every = config.heartbeat.unwrap_or(config.lease / 3).max(Duration::from_millis(10));
         if let Some(renewal) = renewal {
-            if !self.caps.crash_refunds {
-                // Nothing to mark: this backend charges a lapsed claim anyway. The job moves to
-                // the full lease once it has used half its claim lease, so that a quick job costs
-                // no renewal (on SQS, a request for every job).
-                tokio::time::sleep_until(attempt.claimed_at + self.claim_lease / 2).await;
+            // Nothing to mark where a lapsed claim is charged anyway: the job moves to the full
+            // lease once it has used half its claim lease, so that a quick job costs no renewal
+            // (on SQS, a request for every job). Only where that wait leaves the hold's first
+            // beat well inside the hold (with a quarter claim lease for the round trip).
+            let wait = self.claim_lease / 2;
+            if !self.caps.crash_refunds && wait + every + margin + self.claim_lease / 4 < config.lease {
+                tokio::time::sleep_until(attempt.claimed_at + wait).await;
             }
             loop {
                 let asked = Instant::now();
@@ -348,7 +351,6 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         // The hold is kept alive for as long as the handler runs, heartbeat or not: it says "an
         // attempt is alive", so a redelivery meanwhile waits instead of repeating the effect.
         // The lease is extended only with the heartbeat on.
-        let every = config.heartbeat.unwrap_or(config.lease / 3).max(Duration::from_millis(10));
         let mut beat = Instant::now() + every;
         loop {
             tokio::select! {
