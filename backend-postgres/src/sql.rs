@@ -70,6 +70,7 @@ queries!(
     effect_result,
     notify,
     broker_keep,
+    broker_lock,
     broker_list,
     broker_cursor,
     broker_get,

@@ -60,8 +60,9 @@ impl SqsConfig {
 
     /// The longest long poll of one receive (default and maximum 20 s). `Duration::ZERO` turns
     /// long polling off: an empty receive then waits out the worker's poll interval before the
-    /// next one. (moto holds a long poll for its whole wait even when messages are ready, so the
-    /// tests use short polling.)
+    /// next one, and a drain of the DLQ uses short polls, which on AWS sample the servers and can
+    /// end a drain early (the rest is drained by the next read). (moto holds a long poll for its
+    /// whole wait even when messages are ready, so the tests use short polling.)
     pub fn with_max_wait(mut self, wait: Duration) -> Self {
         self.wait = wait.min(Duration::from_secs(20));
         self

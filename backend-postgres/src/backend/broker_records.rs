@@ -42,6 +42,14 @@ impl RecordStore for PgBackend {
             }
             let column = |f: fn(&FailureRecord) -> String| records.iter().map(f).collect::<Vec<_>>();
             let bodies = column(|r| serde_json::to_string(r).expect("a record serializes"));
+            // One writer per queue at a time, so that `seq` follows commit order: a reader paging
+            // by `seq` never passes a record that commits later with a lower one.
+            let mut tx = self.inner.pool.begin().await.map_err(|e| db(e, "keep failure records"))?;
+            q(&self.inner.sql.broker_lock)
+                .bind(queue)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db(e, "keep failure records"))?;
             let kept = q(&self.inner.sql.broker_keep)
                 .bind(queue)
                 .bind(column(|r| r.id.0.clone()))
@@ -50,9 +58,10 @@ impl RecordStore for PgBackend {
                 .bind(column(|r| r.key.as_str().to_owned()))
                 .bind(records.iter().map(|r| r.last_failed_at).collect::<Vec<_>>())
                 .bind(bodies)
-                .execute(&self.inner.pool)
+                .execute(&mut *tx)
                 .await
                 .map_err(|e| db(e, "keep failure records"))?;
+            tx.commit().await.map_err(|e| db(e, "keep failure records"))?;
             Ok(kept.rows_affected())
         })
     }
@@ -140,7 +149,9 @@ impl RecordStore for PgBackend {
         state: &'a RecordState,
     ) -> BoxFuture<'a, Result<Option<RecordState>>> {
         Box::pin(async move {
-            let by_replay = matches!(state, RecordState::Replayed { .. });
+            // A replay closes its take as replayed, or gives it back as open; a discard needs an
+            // open record.
+            let by_replay = !matches!(state, RecordState::Discarded { .. });
             let closed = q(&self.inner.sql.broker_close)
                 .bind(queue)
                 .bind(&id.0)

@@ -15,7 +15,7 @@ use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use redrive_core::{
     AttemptError, Backend, Capabilities, Claim, Claimed, Counts, DeadLetter, Dedupe, Enqueue, Enqueued, Envelope,
     Error, ErrorKind, FailureId, FailureQuery, FailureRecord, IdempotencyKey, JobId, JobRecord, Kinds, Lease, NewJob,
-    ProviderKey, QueueStats, RecordState, RecordStore, Renew, Replay, ReplayOutcome, Result, Severity, Taken,
+    ProviderKey, QueueStats, RecordState, RecordStore, Renew, Replay, ReplayOutcome, Result, Retry, Severity, Taken,
 };
 use serde_json::Value;
 use tracing::{info, warn};
@@ -627,7 +627,12 @@ impl Enqueue for SqsBackend {
                     .await
                 {
                     Ok(out) => out,
-                    Err(e) => return Err(not_all_sent(&jobs, &sent, sdk(e, "send batch").message())),
+                    Err(e) => {
+                        // No answer: this batch may or may not have been taken.
+                        let why =
+                            format!("{}; the outcome of its last batch is unknown", sdk(e, "send batch").message());
+                        return Err(not_all_sent(&jobs, &sent, &why));
+                    }
                 };
                 for ok in out.successful {
                     if let Ok(i) = ok.id.parse::<usize>() {

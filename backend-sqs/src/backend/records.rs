@@ -76,21 +76,26 @@ impl Replay for SqsBackend {
                 ),
             ));
         }
-        let record = match self.inner.records.take_for_replay(&self.inner.scope, id, REPLAY_WINDOW).await? {
-            Taken::Record(record) => record,
-            Taken::Closed(state) => return Ok(ReplayOutcome::AlreadyClosed(state)),
-        };
+        // Checked before the take: a job that cannot be sent leaves the record as it was.
         let mut job =
             NewJob::new(record.kind.clone(), record.key.clone(), record.payload.clone())?.with_cap(record.cap);
         job.provider_key = record.provider_key;
         job.severity = record.severity;
+        self.outgoing(&job)?;
+        let record = match self.inner.records.take_for_replay(&self.inner.scope, id, REPLAY_WINDOW).await? {
+            Taken::Record(record) => record,
+            Taken::Closed(state) => return Ok(ReplayOutcome::AlreadyClosed(state)),
+        };
         // FIFO: not the key, or a replay within five minutes of the first send would be dropped.
         let sent = match self.send(&job, format!("replay-{id}"), "replay").await {
             Ok(sent) => sent,
             Err(e) => {
-                // Nothing was sent: the record is open again at once. (If this fails too, it is
-                // open again when the window lapses.)
-                let _ = self.inner.records.close_record(&self.inner.scope, id, &RecordState::Open).await;
+                // Refused by SQS (the sender's fault): nothing was sent, the record is open again
+                // at once. A timeout or a server error may have sent it: the record stays taken
+                // until the window lapses, so that a retry now sends nothing twice.
+                if e.retry() == Retry::Permanent {
+                    let _ = self.inner.records.close_record(&self.inner.scope, id, &RecordState::Open).await;
+                }
                 return Err(e);
             }
         };
