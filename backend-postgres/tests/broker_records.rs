@@ -5,30 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use redrive_core::{
-    AttemptError, FailureId, FailureQuery, FailureRecord, IdempotencyKey, JobId, ProviderKey, RecordState, RecordStore,
-    Severity, Taken,
-};
-
-fn record(n: u32, payload: serde_json::Value) -> FailureRecord {
-    let now = chrono::Utc::now();
-    FailureRecord {
-        id: FailureId(format!("m-{n}")),
-        job_id: JobId(format!("j-{n}")),
-        kind: "ship".into(),
-        key: IdempotencyKey::builder("ship").fact("parcel", n).build().unwrap(),
-        provider_key: ProviderKey::mint(),
-        payload,
-        last_error: "carrier rejected the label".into(),
-        errors: vec![AttemptError { attempt: 5, at: now, error: "carrier rejected the label".into() }],
-        attempts: 5,
-        cap: 5,
-        severity: Severity::Error,
-        first_failed_at: now,
-        last_failed_at: now,
-        state: RecordState::Open,
-    }
-}
+use redrive_conformance::sample_record as record;
+use redrive_core::{FailureQuery, RecordState, RecordStore, Taken};
 
 #[tokio::test]
 async fn a_take_is_exclusive_given_back_or_closed_and_records_are_kept_once() {

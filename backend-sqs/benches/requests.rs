@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redrive_core::{
-    DeadLetter, Enqueue, FailureId, FailureQuery, FailureRecord, Job, JobContext, JobError, JobId, KeyBuilder, NewJob,
-    RecordState, RecordStore, Replay, Severity, Worker, WorkerConfig,
+    DeadLetter, Enqueue, FailureQuery, FailureRecord, Job, JobContext, JobError, KeyBuilder, NewJob, RecordStore,
+    Replay, Worker, WorkerConfig,
 };
 use redrive_postgres::{PgBackend, PgConfig};
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
@@ -156,30 +156,9 @@ async fn records(endpoint: String, config: &SqsConfig, ledger: &PgBackend) -> Bo
     let writer = SqsBackend::connect(config.clone(), ledger.clone()).await?;
     // Records as workers write them: straight into the store (no SQS request).
     let scope = writer.record_scope().to_owned();
-    let now = chrono::Utc::now();
-    for chunk in (0..WRITTEN).collect::<Vec<_>>().chunks(1_000) {
-        let records: Vec<FailureRecord> = chunk
-            .iter()
-            .map(|&n| {
-                let job = NewJob::from_job(&Noop { n }).expect("a job");
-                FailureRecord {
-                    id: FailureId(format!("bench-{n}")),
-                    job_id: JobId(format!("job-{n}")),
-                    kind: job.kind,
-                    key: job.key,
-                    provider_key: job.provider_key,
-                    payload: job.payload,
-                    last_error: "failed for the benchmark".into(),
-                    errors: Vec::new(),
-                    attempts: 5,
-                    cap: 5,
-                    severity: Severity::Error,
-                    first_failed_at: now,
-                    last_failed_at: now,
-                    state: RecordState::Open,
-                }
-            })
-            .collect();
+    for chunk in (0..WRITTEN as u32).collect::<Vec<_>>().chunks(1_000) {
+        let records: Vec<FailureRecord> =
+            chunk.iter().map(|&n| redrive_conformance::sample_record(n, serde_json::json!({ "n": n }))).collect();
         ledger.keep_records(&scope, &records).await?;
     }
     // What the redrive policy moves: messages in the DLQ, drained by the first read.

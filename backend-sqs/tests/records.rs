@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use redrive_core::{
-    AttemptError, Claim, DeadLetter, Enqueue, FailureId, FailureQuery, FailureRecord, JobId, Kinds, NewJob,
-    RecordState, RecordStore, Replay, ReplayOutcome, Severity,
+    Claim, DeadLetter, Enqueue, FailureId, FailureQuery, FailureRecord, Kinds, NewJob, RecordState, RecordStore,
+    Replay, ReplayOutcome,
 };
 use redrive_postgres::{PgBackend, PgConfig};
 use redrive_sqs::{QueueSetup, SqsBackend};
@@ -71,28 +71,6 @@ async fn records(queue: &SqsBackend, n: u32) -> Vec<FailureId> {
     ids
 }
 
-/// A record as a worker writes it (`SqsBackend::dead_letter` keeps it in the store).
-fn record(n: u32) -> FailureRecord {
-    let job = job(n);
-    let now = chrono::Utc::now();
-    FailureRecord {
-        id: FailureId(format!("written-{n}")),
-        job_id: JobId(format!("job-{n}")),
-        kind: job.kind,
-        key: job.key,
-        provider_key: job.provider_key,
-        payload: job.payload,
-        last_error: "carrier rejected the label".into(),
-        errors: vec![AttemptError { attempt: 5, at: now, error: "carrier rejected the label".into() }],
-        attempts: 5,
-        cap: 5,
-        severity: Severity::Error,
-        first_failed_at: now,
-        last_failed_at: now,
-        state: RecordState::Open,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_records_page_completely_for_two_readers_at_once_twice_in_a_row() {
     // 10,000 records written by workers, and more left in the DLQ by the redrive policy (workers
@@ -120,7 +98,8 @@ async fn ten_thousand_records_page_completely_for_two_readers_at_once_twice_in_a
         .remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn)
         .unwrap();
     for chunk in (0..WRITTEN).collect::<Vec<_>>().chunks(1_000) {
-        let records: Vec<FailureRecord> = chunk.iter().map(|&n| record(n)).collect();
+        let records: Vec<FailureRecord> =
+            chunk.iter().map(|&n| redrive_conformance::sample_record(n, serde_json::json!({ "parcel": n }))).collect();
         assert_eq!(store.keep_records(&arn, &records).await.unwrap(), chunk.len() as u64);
     }
     // Moved by the redrive policy: envelopes without the worker's attributes.

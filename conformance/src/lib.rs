@@ -277,3 +277,27 @@ macro_rules! suite {
         )*
     };
 }
+
+/// An open failure record as a worker writes it at the cap (five attempts, one error), with id
+/// `m-<n>`, job id `j-<n>` and key `ship:parcel=<n>`: for tests of a
+/// [`RecordStore`](redrive_core::RecordStore) and of what reads records.
+pub fn sample_record(n: u32, payload: serde_json::Value) -> redrive_core::FailureRecord {
+    let now = chrono::Utc::now();
+    let error = "carrier rejected the label".to_owned();
+    redrive_core::FailureRecord {
+        id: redrive_core::FailureId(format!("m-{n}")),
+        job_id: redrive_core::JobId(format!("j-{n}")),
+        kind: "ship".into(),
+        key: IdempotencyKey::builder("ship").fact("parcel", n).build().expect("a valid key"),
+        provider_key: redrive_core::ProviderKey::mint(),
+        payload,
+        errors: vec![redrive_core::AttemptError { attempt: 5, at: now, error: error.clone() }],
+        last_error: error,
+        attempts: 5,
+        cap: 5,
+        severity: redrive_core::Severity::Error,
+        first_failed_at: now,
+        last_failed_at: now,
+        state: redrive_core::RecordState::Open,
+    }
+}
