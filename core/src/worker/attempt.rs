@@ -262,9 +262,8 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                     Err(e) => debug!(error = %e, "could not extend the lease of a job being settled"),
                 }
             }
-            // After a failure, soon again (the lease is down to its last third), but never in a
-            // busy loop.
-            next = (attempt.lease_until() - margin).max(Instant::now() + (margin / 4).max(Duration::from_millis(10)));
+            // At least a margin apart, should a renewal fail.
+            next = (attempt.lease_until() - margin).max(Instant::now() + margin);
         }
     }
 
@@ -307,10 +306,10 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         let every = config.heartbeat.unwrap_or(config.lease / 3).max(Duration::from_millis(10));
         if let Some(renewal) = renewal {
             // Nothing to mark where a lapsed claim is charged anyway: the job moves to the full
-            // lease once it has used a third of its claim lease, so that a quick job costs no renewal
+            // lease once it has used half its claim lease, so that a quick job costs no renewal
             // (on SQS, a request for every job). Only where that wait leaves the hold's first
             // beat well inside the hold (with a quarter claim lease for the round trip).
-            let wait = self.claim_lease / 3;
+            let wait = self.claim_lease / 2;
             if !self.caps.crash_refunds && wait + every + margin + self.claim_lease / 4 < config.lease {
                 tokio::time::sleep_until(attempt.claimed_at + wait).await;
             }
