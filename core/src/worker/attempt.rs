@@ -305,14 +305,6 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         // that a crash from here on charges it.
         let every = config.heartbeat.unwrap_or(config.lease / 3).max(Duration::from_millis(10));
         if let Some(renewal) = renewal {
-            // Nothing to mark where a lapsed claim is charged anyway: the job moves to the full
-            // lease once it has used half its claim lease, so that a quick job costs no renewal
-            // (on SQS, a request for every job). Only where that wait leaves the hold's first
-            // beat well inside the hold (with a quarter claim lease for the round trip).
-            let wait = self.claim_lease / 2;
-            if !self.caps.crash_refunds && wait + every + margin + self.claim_lease / 4 < config.lease {
-                tokio::time::sleep_until(attempt.claimed_at + wait).await;
-            }
             loop {
                 let asked = Instant::now();
                 match tokio::time::timeout_at(deadline(), renewal.renew(&attempt.lease(), config.lease)).await {
