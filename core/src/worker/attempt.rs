@@ -25,8 +25,6 @@ use crate::policy::{Decision, Outcome};
 /// A claimed job as its attempt goes: its lease as last renewed, and until when its key is held.
 struct Attempt<'a> {
     claimed: &'a Claimed,
-    /// When the claim was made: its claim lease runs from here.
-    claimed_at: Instant,
     lease: Mutex<Lease>,
     /// About when the current lease lapses, and how long a renewal makes it.
     lease_until: Mutex<Instant>,
@@ -133,7 +131,6 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         let held_for = if hold.lease.is_some() { self.claim_lease } else { self.config.lease };
         let attempt = Attempt {
             claimed: &claimed,
-            claimed_at,
             lease: Mutex::new(claimed.lease.clone()),
             lease_until: Mutex::new(claimed_at + self.claim_lease),
             renews_for: self.config.lease,
