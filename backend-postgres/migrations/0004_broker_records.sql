@@ -27,3 +27,10 @@ CREATE INDEX broker_records_page ON {schema}.broker_records (queue, seq);
 CREATE INDEX broker_records_key ON {schema}.broker_records (queue, idempotency_key);
 CREATE INDEX broker_records_unclosed ON {schema}.broker_records (queue) WHERE state IN ('open', 'replaying');
 CREATE INDEX broker_records_age ON {schema}.broker_records (queue, last_failed_at);
+
+-- Whether a record waits for a person: open, or taken by a replay whose window lapsed (its
+-- replayer died before closing it). The one definition every broker query uses; inlined by the
+-- planner.
+CREATE FUNCTION {schema}.broker_unclosed(state text, replay_until timestamptz) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$ SELECT state = 'open' OR (state = 'replaying' AND replay_until < now()) $$;

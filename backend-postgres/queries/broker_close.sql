@@ -3,5 +3,5 @@
 UPDATE {schema}.broker_records
 SET state = $3::jsonb ->> 'state', closed = $3, replay_until = NULL
 WHERE queue = $1 AND id = $2
-  AND (state = 'open' OR (state = 'replaying' AND ($4 OR replay_until < now())))
+  AND ({schema}.broker_unclosed(state, replay_until) OR ($4 AND state = 'replaying'))
 RETURNING id

@@ -1,2 +1,2 @@
 SELECT count(*) FROM {schema}.broker_records
-WHERE queue = $1 AND (state = 'open' OR (state = 'replaying' AND replay_until < now()))
+WHERE queue = $1 AND {schema}.broker_unclosed(state, replay_until)

@@ -1,4 +1,4 @@
 SELECT id, record, state, closed, replay_until,
-       (state = 'open' OR (state = 'replaying' AND replay_until < now())) AS unclosed
+       {schema}.broker_unclosed(state, replay_until) AS unclosed
 FROM {schema}.broker_records
 WHERE queue = $1 AND id = $2

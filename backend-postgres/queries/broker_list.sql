@@ -1,10 +1,10 @@
 -- A replay whose window lapsed unconfirmed reads as open (`unclosed`).
 SELECT id, record, state, closed, replay_until,
-       (state = 'open' OR (state = 'replaying' AND replay_until < now())) AS unclosed
+       {schema}.broker_unclosed(state, replay_until) AS unclosed
 FROM {schema}.broker_records
 WHERE queue = $1
   AND ($2::text IS NULL OR kind = $2)
-  AND ($3::bool IS NULL OR (state = 'open' OR (state = 'replaying' AND replay_until < now())) = $3)
+  AND ($3::bool IS NULL OR {schema}.broker_unclosed(state, replay_until) = $3)
   AND ($4::timestamptz IS NULL OR last_failed_at < $4)
   AND ($5::text IS NULL OR idempotency_key = $5)
   AND ($6::text IS NULL OR job_id = $6)

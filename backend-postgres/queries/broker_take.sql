@@ -5,5 +5,5 @@ SET state = 'replaying',
     replay_until = now() + make_interval(secs => $3),
     closed = jsonb_build_object('state', 'replayed', 'at', now())
 WHERE queue = $1 AND id = $2
-  AND (state = 'open' OR (state = 'replaying' AND replay_until < now()))
+  AND {schema}.broker_unclosed(state, replay_until)
 RETURNING id, record, state, closed, replay_until, true AS unclosed

@@ -82,10 +82,9 @@ impl Replay for SqsBackend {
         job.provider_key = record.provider_key;
         job.severity = record.severity;
         self.outgoing(&job)?;
-        let record = match self.inner.records.take_for_replay(&self.inner.scope, id, REPLAY_WINDOW).await? {
-            Taken::Record(record) => record,
-            Taken::Closed(state) => return Ok(ReplayOutcome::AlreadyClosed(state)),
-        };
+        if let Taken::Closed(state) = self.inner.records.take_for_replay(&self.inner.scope, id, REPLAY_WINDOW).await? {
+            return Ok(ReplayOutcome::AlreadyClosed(state));
+        }
         // FIFO: not the key, or a replay within five minutes of the first send would be dropped.
         let sent = match self.send(&job, format!("replay-{id}"), "replay").await {
             Ok(sent) => sent,
