@@ -5,7 +5,8 @@
 //! - [`Job`]: a typed job declares its kind, its key, its cap and severity.
 //! - [`Backend`], [`Enqueue`], [`Claim`], [`Renew`], [`DeadLetter`], [`Replay`], [`Ledger`]: what a
 //!   backend implements (contract v2; see `docs/ARCHITECTURE.md`).
-//! - [`RecordStore`]: where a broker backend (SQS, Azure) keeps its failure records.
+//! - [`RecordStore`]: where a broker backend (SQS, Azure) keeps its failure records; [`broker`]:
+//!   what broker backends share, [`DeadLetter`] and [`Replay`] included.
 //! - [`Worker`]: claim → decode → ledger check → handler → complete, retry or failure record.
 //! - [`MemoryBackend`]: every contract in memory, the reference and the embedded default.
 
@@ -13,6 +14,7 @@
 
 pub mod alert;
 pub mod backend;
+pub mod broker;
 mod decode;
 pub mod envelope;
 pub mod error;

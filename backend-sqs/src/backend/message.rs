@@ -1,7 +1,7 @@
 //! What SQS messages and queues look like to redrive: names, attributes, the job a body carries,
 //! and the queue calls setup needs.
 
-use std::borrow::Cow;
+use redrive_core::broker;
 
 use super::*;
 
@@ -10,26 +10,12 @@ use super::*;
 /// refuses a job that would leave less, so that every job can always be dead-lettered.
 pub(super) const RECORD_ROOM: usize = 16 * 1024;
 
-/// Failed attempts a message and its record carry: the first (for when the failures began) and
-/// the latest ones, each error cut to [`HISTORY_ERROR_LEN`] bytes.
-pub(super) const HISTORY: usize = 6;
-pub(super) const HISTORY_ERROR_LEN: usize = 512;
-/// Room enqueue keeps for the history a retried copy carries: each entry's error (cleaned
-/// before it is cut, so JSON escaping at most doubles it), attempt and time, and the attribute's
-/// name and type.
-pub(super) const HISTORY_ROOM: usize = HISTORY * (HISTORY_ERROR_LEN * 2 + 80) + 32;
-
 /// The history carried in `attrs`, with attempt `attempt`'s `error` added, as the attribute's
-/// JSON text: the first entry and the latest, at most [`HISTORY`]. Errors are cleaned and cut
-/// before they go in, so the text is always what SQS accepts.
+/// JSON text (see [`broker::add_error`]); errors are cleaned before they go in, so the text is
+/// always what SQS accepts.
 pub(super) fn history(attrs: &HashMap<String, MessageAttributeValue>, attempt: u32, error: &str) -> String {
-    let mut errors = carried_errors(Some(attrs));
-    let error = cut(&clean(error), HISTORY_ERROR_LEN).to_owned();
-    errors.push(AttemptError { attempt, at: Utc::now(), error });
-    if errors.len() > HISTORY {
-        errors.drain(1..errors.len() - (HISTORY - 1));
-    }
-    clean(&serde_json::to_string(&errors).expect("errors serialize")).into_owned()
+    let errors = broker::add_error(carried_errors(Some(attrs)), attempt, error);
+    broker::clean(&serde_json::to_string(&errors).expect("errors serialize")).into_owned()
 }
 
 /// The history a message carries, oldest first; empty where it has none.
@@ -56,28 +42,6 @@ pub(super) fn message_size(body: &str, attrs: &HashMap<String, MessageAttributeV
         name.len() + value.data_type().len() + value.string_value().map_or(0, str::len)
     };
     body.len() + attrs.iter().map(attr).sum::<usize>()
-}
-
-/// Text SQS accepts in an attribute value: the characters XML allows. Any other (a control
-/// character such as ESC or form feed, which an error text may well carry) is written as
-/// `\u{1b}`, so that a send never fails on it.
-pub(super) fn clean(text: &str) -> Cow<'_, str> {
-    let allowed = |c: char| matches!(c, '\u{9}' | '\u{a}' | '\u{d}' | '\u{20}'..='\u{d7ff}' | '\u{e000}'..='\u{fffd}' | '\u{10000}'..);
-    if text.chars().all(allowed) {
-        return Cow::Borrowed(text);
-    }
-    Cow::Owned(
-        text.chars().map(|c| if allowed(c) { c.to_string() } else { format!("\\u{{{:x}}}", c as u32) }).collect(),
-    )
-}
-
-/// At most `max` bytes of `text`, cut at a character boundary.
-pub(super) fn cut(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 /// Splits messages of `sizes` bytes into batches of at most ten that SQS accepts: together no
@@ -139,37 +103,6 @@ impl aws_sdk_sqs::config::Intercept for CountRequests {
         self.0.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
-}
-
-/// The job a message carries: its envelope, or, for a body that is not one, a stand-in made of
-/// the attributes (or the message id) with the body as its payload and a cap of 1, and why it is
-/// not an envelope (naming no value of the body).
-pub(super) fn carried_job(
-    id: &str,
-    body: &str,
-    attrs: Option<&HashMap<String, MessageAttributeValue>>,
-    sent: DateTime<Utc>,
-) -> (Envelope, Option<String>) {
-    let why = match Envelope::decode(body.as_bytes()) {
-        Ok(env) => return (env, None),
-        Err(e) => e.message().to_owned(),
-    };
-    let attr = |name: &str| attrs.and_then(|a| a.get(name)).and_then(|v| v.string_value()).map(str::to_owned);
-    let stand_in = Envelope {
-        v: redrive_core::envelope::ENVELOPE_VERSION,
-        kind: attr(ATTR_KIND).unwrap_or_else(|| "unknown".into()),
-        key: attr(ATTR_KEY)
-            .and_then(|k| IdempotencyKey::parse(k).ok())
-            .unwrap_or_else(|| IdempotencyKey::parse(format!("sqs:message={id}")).expect("a valid key")),
-        provider_key: attr(ATTR_PROVIDER_KEY)
-            .and_then(|p| p.parse().ok())
-            .map_or_else(ProviderKey::mint, ProviderKey::from_uuid),
-        cap: 1,
-        severity: Severity::Error,
-        enqueued_at: sent,
-        payload: Value::String(body.to_owned()),
-    };
-    (stand_in, Some(why))
 }
 
 /// Whether `text` is in a body or any attribute's value.

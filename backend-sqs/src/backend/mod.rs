@@ -13,17 +13,19 @@ use aws_sdk_sqs::types::{
 };
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use redrive_core::{
-    AttemptError, Backend, Capabilities, Claim, Claimed, Counts, DeadLetter, Dedupe, Enqueue, Enqueued, Envelope,
-    Error, ErrorKind, FailureId, FailureQuery, FailureRecord, IdempotencyKey, JobId, JobRecord, Kinds, Lease, NewJob,
-    ProviderKey, QueueStats, RecordState, RecordStore, Renew, Replay, ReplayOutcome, Result, Retry, Severity, Taken,
+    AttemptError, Backend, Capabilities, Claim, Claimed, Counts, Dedupe, Enqueue, Enqueued, Envelope, Error, ErrorKind,
+    FailureId, FailureRecord, IdempotencyKey, JobId, JobRecord, Kinds, Lease, NewJob, QueueStats, RecordState,
+    RecordStore, Renew, Result,
 };
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::warn;
 
 mod message;
 mod records;
 
 use self::message::*;
+use self::records::carried_job;
+use redrive_core::broker::HISTORY_ROOM;
 
 use crate::config::{QueueSetup, SqsConfig};
 use crate::delete::Deleter;
@@ -47,8 +49,6 @@ const ATTR_JOB_ID: &str = "redrive-job-id";
 /// [`ATTR_SPENT`] (a `u32` in decimal) and [`ATTR_JOB_ID`] (a message id, 36 characters on AWS;
 /// 100 allowed), each with its name and SQS's allowance for the type.
 const COPY_ROOM: usize = ATTR_SPENT.len() + 6 + 10 + ATTR_JOB_ID.len() + 6 + 100;
-/// The last error kept in a record, in bytes; the rest is in the worker's log.
-const MAX_ERROR_LEN: usize = 4096;
 /// The longest retention SQS accepts (14 days): what the DLQ keeps.
 const MAX_RETENTION: Duration = Duration::from_secs(1_209_600);
 /// The largest message SQS accepts (1 MiB): what the DLQ takes.
@@ -333,7 +333,7 @@ impl SqsBackend {
                 return Ok(true);
             }
         }
-        self.drain().await?;
+        redrive_core::broker::drain(self).await?;
         self.inner.records.records_mention(&self.inner.scope, text).await
     }
 
@@ -498,8 +498,7 @@ impl SqsBackend {
         record: &FailureRecord,
         errors: &str,
     ) -> Result<()> {
-        let cleaned = clean(&record.last_error);
-        let mut last_error = cut(&cleaned, MAX_ERROR_LEN);
+        let mut last_error = record.last_error.as_str();
         let attrs = |last_error: &str| {
             HashMap::from([
                 (ATTR_KIND.to_owned(), string_attr(&record.kind)),
@@ -518,7 +517,7 @@ impl SqsBackend {
         };
         let over = message_size(&body, &attrs(last_error)).saturating_sub(self.inner.dlq.max_message_size);
         if over > 0 {
-            last_error = cut(last_error, last_error.len().saturating_sub(over));
+            last_error = redrive_core::broker::cut(last_error, last_error.len().saturating_sub(over));
         }
         let attrs = attrs(last_error);
         self.send_to(
@@ -802,7 +801,7 @@ impl Claim for SqsBackend {
             payload: job.payload.clone(),
             // Cleaned (a terminal or SQS would choke on control characters) and cut; the rest
             // is in the worker's log.
-            last_error: cut(&clean(error), MAX_ERROR_LEN).to_owned(),
+            last_error: redrive_core::broker::last_error(error),
             first_failed_at: carried_errors(Some(&carried)).first().map_or(now, |e| e.at),
             errors: serde_json::from_str(&errors).unwrap_or_default(),
             attempts: job.attempt,
@@ -812,8 +811,7 @@ impl Claim for SqsBackend {
             state: RecordState::Open,
         };
         if let Err(e) = self.inner.records.keep_records(&self.inner.scope, std::slice::from_ref(&record)).await {
-            warn!(job = %job.id, kind = %job.kind, key = %job.key, error = %e,
-                "the failure record store failed; the record goes to the dead-letter queue, to be drained later");
+            redrive_core::broker::store_down(job, &e);
             let body = kept_body.unwrap_or_else(|| {
                 Envelope {
                     v: redrive_core::envelope::ENVELOPE_VERSION,
@@ -893,13 +891,6 @@ mod tests {
         assert_eq!(batches(&[1000, 1, 1], 1000), [0..1, 1..3], "a message at the limit goes alone");
         assert_eq!(batches(&[1; 25], 1000), [0..10, 10..20, 20..25]);
         assert!(batches(&[], 1000).is_empty());
-    }
-
-    #[test]
-    fn attribute_text_is_cleaned_of_what_sqs_refuses() {
-        assert_eq!(clean("plain text, tabs\tand newlines\n"), "plain text, tabs\tand newlines\n");
-        assert_eq!(clean("red \u{1b}[31m page\u{c} \u{0}"), "red \\u{1b}[31m page\\u{c} \\u{0}");
-        assert_eq!(cut("añb", 2), "a", "cut at a character boundary");
     }
 
     #[test]
