@@ -2,8 +2,12 @@
 //! account.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use azure_core::http::{ClientOptions, Url};
+use async_trait::async_trait;
+use azure_core::http::policies::{Policy, PolicyResult};
+use azure_core::http::{ClientOptions, Context, ExponentialRetryOptions, Request, RetryOptions, Url};
 use azure_storage_queue::{QueueClient, QueueClientOptions};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -108,6 +112,11 @@ impl AzureConfig {
     /// [`SERVICE_VERSION`]: for what this crate does not do itself. Its types are those of the
     /// SDK version this crate re-exports ([`azure_storage_queue`](crate::azure_storage_queue)).
     pub fn queue_client(&self, queue: &str) -> Result<QueueClient> {
+        self.client(queue, None)
+    }
+
+    /// The client for `queue`, counting every try in `requests`.
+    pub(crate) fn client(&self, queue: &str, requests: Option<Arc<AtomicU64>>) -> Result<QueueClient> {
         check_queue_name(queue)?;
         let mut url = self.endpoint.clone();
         url.path_segments_mut()
@@ -115,11 +124,50 @@ impl AzureConfig {
             .pop_if_empty()
             .push(queue);
         let signing = SharedKey::new(self.account.clone(), self.key.to_vec());
+        let mut per_try: Vec<Arc<dyn Policy>> = Vec::new();
+        if let Some(requests) = requests {
+            per_try.push(Arc::new(CountRequests(requests)));
+        }
+        per_try.push(Arc::new(signing));
+        // A few quick tries for throttling and server errors; the worker retries the rest.
+        let retry =
+            RetryOptions::exponential(ExponentialRetryOptions { max_retries: 3, ..ExponentialRetryOptions::default() });
         let options = QueueClientOptions {
-            client_options: ClientOptions { per_try_policies: vec![Arc::new(signing)], ..ClientOptions::default() },
+            client_options: ClientOptions { per_try_policies: per_try, retry, ..ClientOptions::default() },
             version: SERVICE_VERSION.to_owned(),
         };
         QueueClient::new(url, None, Some(options)).map_err(|e| config_error(format!("azure: {e}")))
+    }
+}
+
+/// How a backend's queues are set up and what their messages look like.
+#[derive(Debug, Clone, Default)]
+pub struct QueueOptions {
+    /// Write message text in base64, as Azure Functions' queue trigger expects (default off:
+    /// JSON as it is). Either is read.
+    pub base64: bool,
+    /// How long a job waits in the queue before Azure deletes it unrun (default `None`: never;
+    /// Azure's own default of 7 days would lose jobs silently).
+    pub time_to_live: Option<Duration>,
+    /// How long the poison queue keeps a record written there while the record store was down
+    /// (default `None`: never expires, until a drain moves it into the store).
+    pub poison_time_to_live: Option<Duration>,
+}
+
+/// Azure's `messagettl`: seconds, or -1 for never.
+pub(crate) fn ttl(time_to_live: Option<Duration>) -> i32 {
+    time_to_live.map_or(-1, |d| d.as_secs().clamp(1, i32::MAX as u64) as i32)
+}
+
+/// Counts every try of every request, for cost figures.
+#[derive(Debug)]
+struct CountRequests(Arc<AtomicU64>);
+
+#[async_trait]
+impl Policy for CountRequests {
+    async fn send(&self, ctx: &Context, request: &mut Request, next: &[Arc<dyn Policy>]) -> PolicyResult {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        next[0].send(ctx, request, &next[1..]).await
     }
 }
 
