@@ -3,87 +3,11 @@
 //!
 //! Run: `eval "$(scripts/services env)" && cargo run --example sqs --features sqs,postgres`
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+#[path = "broker/mod.rs"]
+mod broker;
 
-use redrive::alert::BoxFuture;
 use redrive::postgres::{PgBackend, PgConfig};
 use redrive::sqs::{QueueSetup, SqsBackend, SqsConfig};
-use redrive::{
-    Alert, AlertSink, Backoff, DeadLetter, Enqueue, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob,
-    Replay, RunningWorker, Worker,
-};
-use serde::{Deserialize, Serialize};
-
-/// Charge an order: once per order, with the provider key sent to the payment provider.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct ChargeOrder {
-    order: u64,
-    cents: u64,
-}
-
-impl Job for ChargeOrder {
-    const KIND: &'static str = "charge_order";
-    fn key(&self, key: KeyBuilder) -> KeyBuilder {
-        key.fact("order", self.order)
-    }
-}
-
-#[derive(Default)]
-struct Payments {
-    charges: Mutex<Vec<u64>>,
-    down: AtomicBool,
-}
-
-impl Payments {
-    fn for_order(&self, order: u64) -> usize {
-        self.charges.lock().unwrap().iter().filter(|o| **o == order).count()
-    }
-}
-
-struct Alerts(Arc<Mutex<Vec<Alert>>>);
-
-impl AlertSink for Alerts {
-    fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, redrive::Result<()>> {
-        self.0.lock().unwrap().push(alert.clone());
-        Box::pin(async { Ok(()) })
-    }
-}
-
-fn worker(
-    queue: &SqsBackend,
-    ledger: &PgBackend,
-    payments: &Arc<Payments>,
-    alerts: &Arc<Mutex<Vec<Alert>>>,
-) -> RunningWorker {
-    let payments = Arc::clone(payments);
-    Worker::builder(queue.clone(), ledger.clone())
-        .handle::<ChargeOrder>(move |job: ChargeOrder, _ctx: JobContext| {
-            let payments = Arc::clone(&payments);
-            async move {
-                if payments.down.load(Ordering::SeqCst) {
-                    return Err(JobError::retry("payment provider answered 502 Bad Gateway"));
-                }
-                payments.charges.lock().unwrap().push(job.order);
-                Ok(job.cents)
-            }
-        })
-        .backoff(Backoff { base: Duration::from_millis(20), max: Duration::from_millis(200), ..Backoff::default() })
-        .alert(Alerts(Arc::clone(alerts)))
-        .build()
-        .start()
-}
-
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    for _ in 0..1200 {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -96,63 +20,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     redrive::postgres::sqlx::query("DROP SCHEMA IF EXISTS redrive_example_sqs CASCADE").execute(ledger.pool()).await?;
     ledger.migrate().await?;
     let queue = SqsBackend::setup(config, QueueSetup::default(), ledger.clone()).await?;
-    let (payments, alerts) = (Arc::new(Payments::default()), Arc::new(Mutex::new(Vec::new())));
     println!(
         "queue {name}, its DLQ {name}-dlq (maxReceiveCount {}), ledger and failure records in PostgreSQL",
         queue.max_receive_count()
     );
-
-    println!("\n== 1. replay: the same job sent twice (a standard queue does not dedupe)");
-    let charge = ChargeOrder { order: 1001, cents: 4_200 };
-    let job = NewJob::from_job(&charge)?;
-    println!("   send #1 -> {:?}", queue.enqueue(job.clone()).await?);
-    println!("   send #2 -> {:?}   both carry key {}", queue.enqueue(job.clone()).await?, job.key);
-    let w = worker(&queue, &ledger, &payments, &alerts);
-    wait_until("both messages to be handled", || w.stats().succeeded + w.stats().skipped == 2).await;
-    let stats = w.shutdown().await;
-    println!("   worker: {} charged, {} skipped by the ledger", stats.succeeded, stats.skipped);
-    println!("   charges for order 1001: {}", payments.for_order(1001));
-
-    println!("\n== 2. race: two workers, the same message twice");
-    let race = NewJob::from_job(&ChargeOrder { order: 1002, cents: 990 })?;
-    queue.enqueue_batch(vec![race.clone(), race.clone()]).await?;
-    let (a, b) = (worker(&queue, &ledger, &payments, &alerts), worker(&queue, &ledger, &payments, &alerts));
-    wait_until("one charge and one skip", || {
-        let (x, y) = (a.stats(), b.stats());
-        x.succeeded + y.succeeded == 1 && x.skipped + y.skipped == 1
-    })
-    .await;
-    let (x, y) = (a.shutdown().await, b.shutdown().await);
-    println!("   worker A: {} charged, {} deferred, {} skipped", x.succeeded, x.deferred, x.skipped);
-    println!("   worker B: {} charged, {} deferred, {} skipped", y.succeeded, y.deferred, y.skipped);
-    println!("   charges for order 1002: {}", payments.for_order(1002));
-
-    println!("\n== 3. exhaust: the payment provider is down");
-    payments.down.store(true, Ordering::SeqCst);
-    queue.enqueue(NewJob::from_job(&ChargeOrder { order: 1003, cents: 12_500 })?).await?;
-    let w = worker(&queue, &ledger, &payments, &alerts);
-    wait_until("the alert", || !alerts.lock().unwrap().is_empty()).await;
-    w.shutdown().await;
-    let record = queue.list(&FailureQuery::open()).await?.remove(0);
-    println!("   read back from the record store: record {}", record.id);
-    println!("     kind {}  key {}", record.kind, record.key);
-    println!("     payload  {}", record.payload);
-    println!("     error    {}", record.last_error);
-    println!("     attempts {} of {} at {}", record.attempts, record.cap, record.last_failed_at.format("%H:%M:%S%.3f"));
-    println!("   open records: {}", queue.count_open().await?);
-    for alert in alerts.lock().unwrap().iter() {
-        println!("   ALERT at {}: {}", alert.raised_at.format("%Y-%m-%d %H:%M:%S%.3f UTC"), alert.summary());
-    }
-
-    println!("\n== 4. recover: the provider is back; redrive the record to the source queue");
-    payments.down.store(false, Ordering::SeqCst);
-    println!("   replay -> {:?} (a new message, the original keys)", queue.replay(&record.id).await?);
-    let w = worker(&queue, &ledger, &payments, &alerts);
-    wait_until("the replayed charge", || payments.for_order(1003) == 1).await;
-    println!("   replay again -> {:?}", queue.replay(&record.id).await?);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    w.shutdown().await;
-    println!("   charges for order 1003: {}", payments.for_order(1003));
-    println!("   record state: {:?}; open records: {}", queue.get(&record.id).await?.state, queue.count_open().await?);
-    Ok(())
+    broker::four_checks(&queue, &ledger).await
 }

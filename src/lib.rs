@@ -16,3 +16,11 @@ pub mod postgres {
 pub mod sqs {
     pub use redrive_sqs::*;
 }
+
+/// Azure Queue Storage: dequeue counts, pop-receipt leases, a `-poison` queue, records in your
+/// database.
+#[cfg(feature = "azure")]
+#[cfg_attr(docsrs, doc(cfg(feature = "azure")))]
+pub mod azure {
+    pub use redrive_azure::*;
+}
