@@ -116,7 +116,7 @@ impl AzureConfig {
     }
 
     /// The client for `queue`, counting every try in `requests`.
-    pub(crate) fn client(&self, queue: &str, requests: Option<Arc<AtomicU64>>) -> Result<QueueClient> {
+    pub(crate) fn client(&self, queue: &str, requests: Option<Arc<RequestCounts>>) -> Result<QueueClient> {
         check_queue_name(queue)?;
         let mut url = self.endpoint.clone();
         url.path_segments_mut()
@@ -159,14 +159,40 @@ pub(crate) fn ttl(time_to_live: Option<Duration>) -> i32 {
     time_to_live.map_or(-1, |d| d.as_secs().clamp(1, i32::MAX as u64) as i32)
 }
 
+/// Requests sent, every try, by what they do: what Azure bills.
+#[derive(Debug, Default)]
+pub struct RequestCounts {
+    /// Get Messages, Peek Messages, Get Queue Metadata.
+    pub gets: AtomicU64,
+    /// Put Message.
+    pub puts: AtomicU64,
+    /// Update Message (renewals, retries, deferrals, releases), Create Queue.
+    pub updates: AtomicU64,
+    /// Delete Message.
+    pub deletes: AtomicU64,
+}
+
+impl RequestCounts {
+    /// All of them.
+    pub fn total(&self) -> u64 {
+        [&self.gets, &self.puts, &self.updates, &self.deletes].iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+}
+
 /// Counts every try of every request, for cost figures.
 #[derive(Debug)]
-struct CountRequests(Arc<AtomicU64>);
+struct CountRequests(Arc<RequestCounts>);
 
 #[async_trait]
 impl Policy for CountRequests {
     async fn send(&self, ctx: &Context, request: &mut Request, next: &[Arc<dyn Policy>]) -> PolicyResult {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        let counter = match request.method().as_str() {
+            "GET" | "HEAD" => &self.0.gets,
+            "POST" => &self.0.puts,
+            "DELETE" => &self.0.deletes,
+            _ => &self.0.updates,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         next[0].send(ctx, request, &next[1..]).await
     }
 }

@@ -38,4 +38,4 @@ mod wire;
 /// The Azure SDK this crate is built with: [`AzureConfig::queue_client`] gives its client.
 pub use azure_storage_queue;
 pub use backend::AzureBackend;
-pub use config::{AzureConfig, QueueOptions, SERVICE_VERSION};
+pub use config::{AzureConfig, QueueOptions, RequestCounts, SERVICE_VERSION};

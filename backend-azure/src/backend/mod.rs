@@ -2,7 +2,7 @@
 //! failure records in a [`RecordStore`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ use serde_json::Value;
 use tokio::sync::Mutex as AsyncMutex;
 use tracing::warn;
 
-use crate::config::{AzureConfig, QueueOptions, ttl};
+use crate::config::{AzureConfig, QueueOptions, RequestCounts, ttl};
 use crate::error::azure;
 use crate::wire::{self, Carried, Text};
 
@@ -55,7 +55,7 @@ struct Inner {
     /// Test aids: replays stop after their send; dead-lettering stops after the record is kept.
     fail_after_replay_send: AtomicBool,
     fail_after_record: AtomicBool,
-    requests: Arc<AtomicU64>,
+    requests: Arc<RequestCounts>,
 }
 
 /// A message held by this process. Every update (a renewal) gives a new pop receipt and voids
@@ -129,7 +129,7 @@ impl AzureBackend {
     }
 
     fn new(config: &AzureConfig, queue: &str, options: QueueOptions, records: impl RecordStore) -> Result<Self> {
-        let requests = Arc::new(AtomicU64::new(0));
+        let requests = Arc::new(RequestCounts::default());
         let poison = poison_name(queue);
         crate::config::check_queue_name(queue)?;
         crate::config::check_queue_name(&poison)?;
@@ -153,7 +153,12 @@ impl AzureBackend {
 
     /// API requests sent so far (every HTTP try), for cost and efficiency figures.
     pub fn request_count(&self) -> u64 {
-        self.inner.requests.load(Ordering::Relaxed)
+        self.inner.requests.total()
+    }
+
+    /// The requests sent so far, by what they do.
+    pub fn requests(&self) -> &RequestCounts {
+        &self.inner.requests
     }
 
     /// The queue's name.
