@@ -178,5 +178,9 @@ mod tests {
             assert_eq!((back.id, back.payload), (record.id.clone(), record.payload.clone()));
         }
         assert!(poison_record(&Text::read(r#"{"v":1}"#)).is_none(), "an envelope is not a record");
+        // The shape docs/envelope.md shows.
+        let value: Value = serde_json::from_str(&poison_text(&record, false)).unwrap();
+        assert_eq!((&value["redrive_record"], &value["state"]["state"]), (&Value::from(1), &Value::from("open")));
+        assert!(value["errors"][0]["attempt"].is_u64() && value["last_failed_at"].is_string());
     }
 }
