@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use azure_core::credentials::TokenCredential;
 use azure_core::http::policies::{Policy, PolicyResult};
 use azure_core::http::{ClientOptions, Context, ExponentialRetryOptions, Request, RetryOptions, Url};
 use azure_storage_queue::{QueueClient, QueueClientOptions};
@@ -24,12 +25,20 @@ const DEV_ACCOUNT: &str = "devstoreaccount1";
 const DEV_KEY: &str = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 const DEV_QUEUE_ENDPOINT: &str = "http://127.0.0.1:10001/devstoreaccount1";
 
-/// An Azure Storage account's queue endpoint and its shared key.
+/// An Azure Storage account's queue endpoint and how to sign for it: its shared key, or an
+/// Entra ID token credential.
 #[derive(Clone)]
 pub struct AzureConfig {
     account: String,
-    key: Arc<[u8]>,
+    auth: Auth,
     endpoint: Url,
+}
+
+#[derive(Clone)]
+enum Auth {
+    SharedKey(Arc<[u8]>),
+    /// Signed by the SDK's own bearer-token policy.
+    Token(Arc<dyn TokenCredential>),
 }
 
 // The key is a secret: never printed.
@@ -68,7 +77,10 @@ impl AzureConfig {
         }
         let account = field("accountname").ok_or_else(|| config_error("the connection string has no AccountName"))?;
         let key = field("accountkey").ok_or_else(|| {
-            config_error("the connection string has no AccountKey (SAS and Entra ID are not supported yet)")
+            config_error(
+                "the connection string has no AccountKey (for Entra ID, use AzureConfig::with_token_credential; SAS is \
+                 not supported yet)",
+            )
         })?;
         let endpoint = match field("queueendpoint") {
             Some(endpoint) => endpoint.to_owned(),
@@ -95,7 +107,20 @@ impl AzureConfig {
         if endpoint.cannot_be_a_base() || !matches!(endpoint.scheme(), "http" | "https") {
             return Err(config_error("the queue endpoint must be an http or https URL"));
         }
-        Ok(Self { account: account.to_owned(), key: key.into(), endpoint })
+        Ok(Self { account: account.to_owned(), auth: Auth::SharedKey(key.into()), endpoint })
+    }
+
+    /// An endpoint (`https://<account>.queue.core.windows.net`) and an Entra ID token
+    /// credential, such as one of the `azure_identity` crate's: the SDK's own authentication.
+    /// Tokens go over HTTPS only; an `http` endpoint is a `Config` error.
+    pub fn with_token_credential(endpoint: &str, credential: Arc<dyn TokenCredential>) -> Result<Self> {
+        let endpoint = Url::parse(endpoint.trim_end_matches('/'))
+            .map_err(|e| config_error(format!("the queue endpoint is not a URL: {e}")))?;
+        if endpoint.scheme() != "https" || endpoint.cannot_be_a_base() {
+            return Err(config_error("a token credential needs an https queue endpoint"));
+        }
+        let account = endpoint.host_str().and_then(|h| h.split('.').next()).unwrap_or_default().to_owned();
+        Ok(Self { account, auth: Auth::Token(credential), endpoint })
     }
 
     /// The storage account's name.
@@ -123,12 +148,17 @@ impl AzureConfig {
             .map_err(|()| config_error("the queue endpoint cannot take a path"))?
             .pop_if_empty()
             .push(queue);
-        let signing = SharedKey::new(self.account.clone(), self.key.to_vec());
         let mut per_try: Vec<Arc<dyn Policy>> = Vec::new();
         if let Some(requests) = requests {
             per_try.push(Arc::new(CountRequests(requests)));
         }
-        per_try.push(Arc::new(signing));
+        let credential = match &self.auth {
+            Auth::SharedKey(key) => {
+                per_try.push(Arc::new(SharedKey::new(self.account.clone(), key.to_vec())));
+                None
+            }
+            Auth::Token(credential) => Some(Arc::clone(credential)),
+        };
         // A few quick tries for throttling and server errors; the worker retries the rest.
         let retry =
             RetryOptions::exponential(ExponentialRetryOptions { max_retries: 3, ..ExponentialRetryOptions::default() });
@@ -136,7 +166,7 @@ impl AzureConfig {
             client_options: ClientOptions { per_try_policies: per_try, retry, ..ClientOptions::default() },
             version: SERVICE_VERSION.to_owned(),
         };
-        QueueClient::new(url, None, Some(options)).map_err(|e| config_error(format!("azure: {e}")))
+        QueueClient::new(url, credential, Some(options)).map_err(|e| config_error(format!("azure: {e}")))
     }
 }
 
@@ -232,6 +262,31 @@ mod tests {
         .unwrap();
         assert_eq!(explicit.queue_endpoint(), "http://127.0.0.1:10001/devstoreaccount1");
         assert!(!format!("{cloud:?}").contains("c2VjcmV0") && !format!("{dev:?}").contains("Eby8"));
+    }
+
+    #[derive(Debug)]
+    struct FixedToken;
+
+    #[async_trait]
+    impl TokenCredential for FixedToken {
+        async fn get_token(
+            &self,
+            _scopes: &[&str],
+            _options: Option<azure_core::credentials::TokenRequestOptions<'_>>,
+        ) -> azure_core::Result<azure_core::credentials::AccessToken> {
+            let expires = azure_core::time::OffsetDateTime::now_utc() + azure_core::time::Duration::hours(1);
+            Ok(azure_core::credentials::AccessToken::new("token-value", expires))
+        }
+    }
+
+    #[test]
+    fn a_token_credential_needs_https_and_gives_a_client() {
+        let config =
+            AzureConfig::with_token_credential("https://shop.queue.core.windows.net/", Arc::new(FixedToken)).unwrap();
+        assert_eq!((config.account(), config.queue_endpoint()), ("shop", "https://shop.queue.core.windows.net/"));
+        assert!(config.queue_client("jobs").is_ok());
+        let http = AzureConfig::with_token_credential("http://127.0.0.1:10001/acct", Arc::new(FixedToken));
+        assert_eq!(http.unwrap_err().kind(), ErrorKind::Config);
     }
 
     #[test]
