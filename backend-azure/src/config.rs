@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
 use azure_core::http::policies::{Policy, PolicyResult};
-use azure_core::http::{ClientOptions, Context, ExponentialRetryOptions, Request, RetryOptions, Url};
+use azure_core::http::{ClientOptions, Context, Request, RetryOptions, Url};
 use azure_storage_queue::{QueueClient, QueueClientOptions};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -159,9 +159,10 @@ impl AzureConfig {
             }
             Auth::Token(credential) => Some(Arc::clone(credential)),
         };
-        // A few quick tries for throttling and server errors; the worker retries the rest.
-        let retry =
-            RetryOptions::exponential(ExponentialRetryOptions { max_retries: 3, ..ExponentialRetryOptions::default() });
+        // No retries in the SDK: a retried Update Message whose first try was applied carries a
+        // dead pop receipt, a retried delete finds nothing, a retried get hides messages never
+        // delivered. The worker retries with its backoff, knowing what each call means.
+        let retry = RetryOptions::none();
         let options = QueueClientOptions {
             client_options: ClientOptions { per_try_policies: per_try, retry, ..ClientOptions::default() },
             version: SERVICE_VERSION.to_owned(),
@@ -176,8 +177,10 @@ pub struct QueueOptions {
     /// Write message text in base64, as Azure Functions' queue trigger expects (default off:
     /// JSON as it is). Either is read.
     pub base64: bool,
-    /// How long a job waits in the queue before Azure deletes it unrun (default `None`: never;
-    /// Azure's own default of 7 days would lose jobs silently).
+    /// How long after it is sent Azure deletes a job's message, whatever its state: waiting,
+    /// running, or waiting out a retry's delay, with no failure record (default `None`: never;
+    /// Azure's own default of 7 days would lose jobs silently). Set one only for jobs that are
+    /// worthless after it.
     pub time_to_live: Option<Duration>,
     /// How long the poison queue keeps a record written there while the record store was down
     /// (default `None`: never expires, until a drain moves it into the store).

@@ -5,8 +5,9 @@ use redrive_core::{Error, ErrorKind, Retry};
 
 /// Maps an SDK error from `what`: a stale pop receipt is `LeaseLost`; a missing queue
 /// `NotFound`; a refused signature `Config` (a wrong key, at start); throttling, timeouts,
-/// connection failures and 5xx are temporary; the rest permanent. Messages name the operation,
-/// the status and Azure's error code, never a pop receipt, a message text or the key.
+/// connection failures, tokens not fetched and 5xx are temporary; the rest permanent. Messages
+/// name the operation, the status and Azure's error code, never a pop receipt, a message text or
+/// the key.
 pub(crate) fn azure(e: azure_core::Error, what: &str) -> Error {
     let (kind, retry, code) = match e.kind() {
         AzureKind::HttpResponse { status, error_code, .. } => {
@@ -16,13 +17,17 @@ pub(crate) fn azure(e: azure_core::Error, what: &str) -> Error {
             (kind, retry, format!("{status} {code}"))
         }
         AzureKind::Io | AzureKind::Connection => (ErrorKind::Backend, Retry::Temporary, "no answer".to_owned()),
+        // A token that could not be fetched (an identity endpoint down) may come next time.
+        AzureKind::Credential => (ErrorKind::Backend, Retry::Temporary, "no token".to_owned()),
         _ => (ErrorKind::Backend, Retry::Permanent, "client error".to_owned()),
     };
     let hint = match kind {
-        ErrorKind::Config => ": check the account name and key",
+        ErrorKind::Config => ": check the account name and its key or credential",
         _ => "",
     };
-    Error::new(kind, format!("azure: {what} ({}){hint}", code.trim())).with_retry(retry).with_source(e)
+    // No source: Azure's error body can echo the string it signed, pop receipt included.
+    drop(e);
+    Error::new(kind, format!("azure: {what} ({}){hint}", code.trim())).with_retry(retry)
 }
 
 pub(crate) fn classify(status: u16, code: &str) -> (ErrorKind, Retry) {

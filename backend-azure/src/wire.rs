@@ -26,6 +26,10 @@ pub(crate) struct Carried {
     /// The failed attempts so far, oldest first, bounded (see [`broker::add_error`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) errors: Vec<AttemptError>,
+    /// Its failure record is kept: if the message comes back (its delete failed), it is
+    /// recorded again without running, whatever its attempt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) recorded: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -157,7 +161,7 @@ mod tests {
         let read = Text::read(&encode(body, true));
         assert_eq!(read.body, body);
         assert_eq!(read.carried.given_back, 0);
-        let carried = Carried { given_back: 2, errors: broker::add_error(Vec::new(), 1, "boom") };
+        let carried = Carried { given_back: 2, errors: broker::add_error(Vec::new(), 1, "boom"), recorded: false };
         let written = read.with(carried);
         let back = Text::read(&written.body);
         assert_eq!((back.carried.given_back, back.carried.errors.len()), (2, 1));

@@ -63,15 +63,19 @@ struct Inner {
 /// used, and calls on the message take turns, or a renewal racing a delete would void the
 /// delete's receipt.
 struct Held {
-    /// The pop receipts this claim was given, the current one last.
+    /// The pop receipts this claim was given: the first and the latest few, the current last.
     receipts: Vec<String>,
     text: Text,
     attempt: u32,
     turn: Arc<AsyncMutex<()>>,
+    /// When the claim was last received or updated.
     received: std::time::Instant,
 }
 
-/// Past this many held messages, entries older than [`HELD_FOR`] are dropped (a message
+/// Receipts of one claim kept: its first (the worker's lease may still carry it) and the latest.
+const RECEIPTS_KEPT: usize = 4;
+
+/// Past this many held messages, entries untouched for [`HELD_FOR`] are dropped (a message
 /// settled by another process would otherwise stay forever).
 const HELD_MAX: usize = 10_000;
 const HELD_FOR: Duration = Duration::from_secs(15 * 60);
@@ -244,7 +248,11 @@ impl AzureBackend {
         let options =
             QueueClientSendMessageOptions { message_time_to_live: Some(ttl(time_to_live)), ..Default::default() };
         let sent = client.send_message(message, Some(options)).await.map_err(|e| azure(e, what))?;
-        let sent = sent.into_model().and_then(|m| m.into_message()).map_err(|e| azure(e, what))?;
+        // Azure took the message: an answer that does not parse must not read as "not sent" (a
+        // replay would give its record back and send it twice).
+        let sent = sent.into_model().and_then(|m| m.into_message()).map_err(|e| {
+            Error::temporary(format!("azure: {what}: the message was sent, but its answer did not parse ({e})"))
+        })?;
         Ok(JobId(sent.message_id.unwrap_or_default()))
     }
 
@@ -272,11 +280,31 @@ impl AzureBackend {
     }
 
     /// Updates the message's visibility (and its text, if given) and returns the new pop
-    /// receipt, remembered for the claim.
+    /// receipt, remembered for the claim. The update runs on a task of its own that records the
+    /// new receipt before it lets the next call on the message go: a caller that stops waiting
+    /// (a renewal dropped because its handler finished) must not lose a receipt Azure has
+    /// already swapped for the old one.
     async fn update(&self, lease: &Lease, visibility: Duration, text: Option<&Text>, what: &str) -> Result<String> {
-        let (receipt, _turn) = self.take_turn(lease).await;
+        let (receipt, turn) = self.take_turn(lease).await;
+        let backend = self.clone();
+        let (lease, text, what) = (lease.clone(), text.map(|t| self.fitting(t)), what.to_owned());
+        let update = tokio::spawn(async move {
+            let _turn = turn;
+            backend.update_now(&lease, &receipt, visibility, text.flatten(), &what).await
+        });
+        update.await.map_err(|_| Error::temporary("azure: the update's task stopped"))?
+    }
+
+    async fn update_now(
+        &self,
+        lease: &Lease,
+        receipt: &str,
+        visibility: Duration,
+        text: Option<Text>,
+        what: &str,
+    ) -> Result<String> {
         let mut options = QueueClientUpdateMessageOptions::default();
-        if let Some(text) = text {
+        if let Some(text) = &text {
             let encoded = wire::encode(&text.body, self.inner.options.base64);
             options.queue_message =
                 Some(QueueMessage { message_text: Some(encoded) }.try_into().map_err(|e| azure(e, what))?);
@@ -285,7 +313,7 @@ impl AzureBackend {
         let response = self
             .inner
             .source
-            .update_message(&lease.job_id.0, &receipt, seconds, Some(options))
+            .update_message(&lease.job_id.0, receipt, seconds, Some(options))
             .await
             .map_err(|e| azure(e, what))?;
         let name = HeaderName::from_static("x-ms-popreceipt");
@@ -296,12 +324,29 @@ impl AzureBackend {
             .ok_or_else(|| Error::temporary(format!("azure: {what} answered no pop receipt")))?;
         let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(h) = held.get_mut(&lease.job_id.0).filter(|h| h.receipts.contains(&lease.token)) {
+            // The claim's first receipt (the worker's lease) and the latest few stand for it.
+            if h.receipts.len() >= RECEIPTS_KEPT {
+                h.receipts.remove(1);
+            }
             h.receipts.push(new.clone());
+            h.received = std::time::Instant::now();
             if let Some(text) = text {
-                h.text = text.clone();
+                h.text = text;
             }
         }
         Ok(new)
+    }
+
+    /// `text` as it fits in 64 KiB once encoded: whole, or without its error history (a
+    /// producer's message near the limit), or not at all (the update then changes the visibility
+    /// only, and the given-back receive is lost).
+    fn fitting(&self, text: &Text) -> Option<Text> {
+        let fits = |t: &Text| wire::encode(&t.body, self.inner.options.base64).len() <= wire::MAX_TEXT;
+        if fits(text) {
+            return Some(text.clone());
+        }
+        let lighter = text.with(Carried { errors: Vec::new(), ..text.carried.clone() });
+        fits(&lighter).then_some(lighter)
     }
 
     /// Deletes the message behind `lease` from the source queue.
@@ -351,6 +396,9 @@ impl AzureBackend {
         // Not an envelope: handed over marked as such, so the worker records a decode failure
         // without looking for a handler, with the text kept for a person to read.
         let (env, undecodable) = text.job(&id, inserted);
+        // Recorded already, and back because its delete failed: past the cap, so that the
+        // worker records it again (kept once) rather than run it.
+        let attempt = if text.carried.recorded { attempt.max(env.cap.saturating_add(1)) } else { attempt };
         let job = JobRecord {
             id: JobId(id.clone()),
             kind: env.kind,
@@ -458,8 +506,11 @@ impl Claim for AzureBackend {
     async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<Option<FailureRecord>> {
         let (lease, job) = (&claimed.lease, &claimed.job);
         // Proves the lease is still this claim's (Azure refuses a stale pop receipt) before
-        // anything is recorded, and keeps the message hidden while the record is written.
-        self.update(lease, RECORD_HIDE, None, "hold the message while its record is kept").await?;
+        // anything is recorded, keeps the message hidden while the record is written, and marks
+        // it recorded, should its delete fail and it come back before its cap.
+        let marked =
+            self.held_text(lease).map(|(text, _)| text.with(Carried { recorded: true, ..text.carried.clone() }));
+        self.update(lease, RECORD_HIDE, marked.as_ref(), "hold the message while its record is kept").await?;
         let carried = self.held_text(lease).map(|(text, _)| text.carried.errors).unwrap_or_default();
         let now = Utc::now();
         let errors = broker::add_error(carried, job.attempt, error);

@@ -1,0 +1,98 @@
+//! The backend a URL names, behind one type: every command works the same on each.
+
+use std::time::Duration;
+
+use redrive_azure::{AzureBackend, AzureConfig, QueueOptions};
+use redrive_core::{
+    Counts, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, QueueStats, Replay, ReplayOutcome,
+    Result, Severity,
+};
+use redrive_postgres::{PgBackend, PgConfig};
+use redrive_sqs::{SqsBackend, SqsConfig};
+
+use crate::Cli;
+
+pub(crate) enum Target {
+    Postgres(PgBackend),
+    Sqs(SqsBackend),
+    Azure(AzureBackend),
+}
+
+/// Runs the same call on whichever backend it is.
+macro_rules! on {
+    ($target:expr, $b:ident => $call:expr) => {
+        match $target {
+            Target::Postgres($b) => $call,
+            Target::Sqs($b) => $call,
+            Target::Azure($b) => $call,
+        }
+    };
+}
+
+fn config_error(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Config, message)
+}
+
+impl Target {
+    /// Connects to the backend `--backend` (or `REDRIVE_URL`) names. Errors never quote a URL:
+    /// it may hold a password.
+    pub(crate) async fn connect(cli: &Cli) -> Result<Self> {
+        let url = cli.backend.as_deref().ok_or_else(|| {
+            config_error("no backend: pass --backend (postgres://…, sqs://QUEUE, azure://QUEUE) or set REDRIVE_URL")
+        })?;
+        let database =
+            |url: &str| PgBackend::connect(PgConfig::new(url).with_schema(&cli.schema).with_max_connections(2));
+        let records = || async {
+            let url = cli.records.as_deref().ok_or_else(|| {
+                config_error(
+                    "the queue's failure records are in a database: pass --records postgres://… or set DATABASE_URL",
+                )
+            })?;
+            database(url).await
+        };
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Self::Postgres(database(url).await?))
+        } else if let Some(queue) = url.strip_prefix("sqs://") {
+            Ok(Self::Sqs(SqsBackend::connect(SqsConfig::new(queue), records().await?).await?))
+        } else if let Some(queue) = url.strip_prefix("azure://") {
+            let account = match std::env::var("AZURE_STORAGE_CONNECTION_STRING") {
+                Ok(text) => AzureConfig::from_connection_string(&text)?,
+                Err(_) => return Err(config_error("azure:// needs AZURE_STORAGE_CONNECTION_STRING")),
+            };
+            Ok(Self::Azure(AzureBackend::connect(&account, queue, QueueOptions::default(), records().await?).await?))
+        } else {
+            Err(Error::new(ErrorKind::InvalidName, "the backend URL must start with postgres://, sqs:// or azure://"))
+        }
+    }
+
+    /// One page of records matching `query`, of `severity` if given (filtered here: the stores
+    /// do not index it).
+    pub(crate) async fn list(&self, query: &FailureQuery, severity: Option<Severity>) -> Result<Vec<FailureRecord>> {
+        let page = on!(self, b => b.list(query).await)?;
+        Ok(page.into_iter().filter(|r| severity.is_none_or(|s| r.severity == s)).collect())
+    }
+
+    pub(crate) async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
+        on!(self, b => b.get(id).await)
+    }
+
+    pub(crate) async fn count_open(&self) -> Result<u64> {
+        on!(self, b => b.count_open().await)
+    }
+
+    pub(crate) async fn discard(&self, id: &FailureId, reason: &str, by: &str) -> Result<()> {
+        on!(self, b => b.discard(id, reason, by).await)
+    }
+
+    pub(crate) async fn purge(&self, age: Duration) -> Result<u64> {
+        on!(self, b => b.purge(age).await)
+    }
+
+    pub(crate) async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
+        on!(self, b => b.replay(id).await)
+    }
+
+    pub(crate) async fn counts(&self) -> Result<Counts> {
+        on!(self, b => b.counts().await)
+    }
+}

@@ -1,0 +1,301 @@
+//! `redrive`: the operator's command for failure records, on every backend.
+//!
+//! ```text
+//! redrive --backend postgres://localhost/app failed list --kind charge_order
+//! redrive --backend sqs://orders failed show <ID>          # records in DATABASE_URL
+//! redrive --backend azure://orders replay --kind ship --older-than 1h --rate 5
+//! redrive discard <ID> --reason "refunded by hand" --by ada
+//! ```
+//!
+//! Exit codes: 0 done, 1 error, 2 nothing matched (no record with that id, an empty list, a bulk
+//! replay that found nothing).
+
+mod backends;
+mod output;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use redrive_core::{ErrorKind, FailureId, FailureQuery, ReplayOutcome, Severity};
+
+use crate::backends::Target;
+
+/// Read, replay, discard and purge failure records on any redrive backend.
+#[derive(Debug, Parser)]
+#[command(name = "redrive", version, about)]
+struct Cli {
+    /// The queue: `postgres://…` (its records are in the same database), `sqs://QUEUE` (AWS from
+    /// the environment as usual; `REDRIVE_SQS_ENDPOINT` for moto), or `azure://QUEUE`
+    /// (`AZURE_STORAGE_CONNECTION_STRING`).
+    #[arg(long, env = "REDRIVE_URL", global = true, hide_env_values = true)]
+    backend: Option<String>,
+    /// Where an SQS or Azure queue keeps its failure records: a PostgreSQL URL (default
+    /// `DATABASE_URL`).
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    records: Option<String>,
+    /// The PostgreSQL schema of redrive's tables.
+    #[arg(long, env = "REDRIVE_PG_SCHEMA", default_value = "redrive", global = true)]
+    schema: String,
+    /// JSON on stdout instead of tables, for scripts.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Failure records: list, show, count.
+    Failed {
+        #[command(subcommand)]
+        command: Failed,
+    },
+    /// Replays one record by id, or every open record matching a filter, with its original keys.
+    Replay(ReplayArgs),
+    /// Closes an open record without replaying it.
+    Discard {
+        /// The record's id.
+        id: String,
+        /// Why (kept with the record).
+        #[arg(long)]
+        reason: String,
+        /// Who (kept with the record).
+        #[arg(long)]
+        by: String,
+    },
+    /// Deletes records (open or closed) whose last failure is older than the age, payloads
+    /// included, and frees their keys.
+    Purge {
+        /// An age: `30d`, `12h`, `90min`.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Duration,
+    },
+    /// The queue's counts.
+    Queue {
+        #[command(subcommand)]
+        command: Queue,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Failed {
+    /// Records matching the filters, oldest first, one page.
+    List(Filter),
+    /// One record: payload, error history, attempts, keys.
+    Show {
+        /// The record's id.
+        id: String,
+    },
+    /// How many records are open.
+    Count,
+}
+
+#[derive(Debug, Subcommand)]
+enum Queue {
+    /// Queued and running jobs, and open records.
+    Stats,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum State {
+    Open,
+    Closed,
+    All,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Level {
+    Warning,
+    Error,
+    Critical,
+}
+
+impl Level {
+    fn severity(self) -> Severity {
+        match self {
+            Self::Warning => Severity::Warning,
+            Self::Error => Severity::Error,
+            Self::Critical => Severity::Critical,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+struct Filter {
+    /// Only this job kind.
+    #[arg(long)]
+    kind: Option<String>,
+    /// Only this severity.
+    #[arg(long, value_enum)]
+    severity: Option<Level>,
+    /// Open, closed (replayed or discarded), or all.
+    #[arg(long, value_enum, default_value = "open")]
+    state: State,
+    /// Only records whose last failure is older than this (`2h`, `7d`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    older_than: Option<Duration>,
+    /// The page after this record id (the last id of the previous page).
+    #[arg(long)]
+    after: Option<String>,
+    /// Records per page.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+}
+
+impl Filter {
+    fn query(&self) -> FailureQuery {
+        let open = match self.state {
+            State::Open => Some(true),
+            State::Closed => Some(false),
+            State::All => None,
+        };
+        FailureQuery {
+            kind: self.kind.clone(),
+            open,
+            failed_before: self.older_than.map(ago),
+            after: self.after.clone().map(FailureId),
+            limit: self.limit.max(1),
+            ..FailureQuery::default()
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+struct ReplayArgs {
+    /// The record to replay; without it, every open record matching the filters.
+    id: Option<String>,
+    /// Only this job kind (bulk).
+    #[arg(long, conflicts_with = "id")]
+    kind: Option<String>,
+    /// Only this severity (bulk).
+    #[arg(long, value_enum, conflicts_with = "id")]
+    severity: Option<Level>,
+    /// Only records whose last failure is older than this (bulk).
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "id")]
+    older_than: Option<Duration>,
+    /// Replays a second at most (bulk).
+    #[arg(long, default_value_t = 10)]
+    rate: u32,
+    /// Lists what would be replayed, replays nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn ago(age: Duration) -> chrono::DateTime<chrono::Utc> {
+    chrono::Utc::now() - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX)
+}
+
+/// What a command ends with: done, or nothing matched (exit code 2).
+enum Done {
+    Done,
+    NothingMatched,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli).await {
+        Ok(Done::Done) => ExitCode::SUCCESS,
+        Ok(Done::NothingMatched) => ExitCode::from(2),
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            eprintln!("redrive: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("redrive: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(cli: &Cli) -> redrive_core::Result<Done> {
+    let target = Target::connect(cli).await?;
+    let out = output::Output { json: cli.json };
+    match &cli.command {
+        Command::Failed { command: Failed::List(filter) } => {
+            let records = target.list(&filter.query(), filter.severity.map(Level::severity)).await?;
+            out.records(&records);
+            Ok(if records.is_empty() { Done::NothingMatched } else { Done::Done })
+        }
+        Command::Failed { command: Failed::Show { id } } => {
+            out.record(&target.get(&FailureId(id.clone())).await?);
+            Ok(Done::Done)
+        }
+        Command::Failed { command: Failed::Count } => {
+            out.count("open records", target.count_open().await?);
+            Ok(Done::Done)
+        }
+        Command::Replay(args) => replay(&target, &out, args).await,
+        Command::Discard { id, reason, by } => {
+            let id = FailureId(id.clone());
+            target.discard(&id, reason, by).await?;
+            out.record(&target.get(&id).await?);
+            Ok(Done::Done)
+        }
+        Command::Purge { older_than } => {
+            out.count("records purged", target.purge(*older_than).await?);
+            Ok(Done::Done)
+        }
+        Command::Queue { command: Queue::Stats } => {
+            out.stats(target.counts().await?, target.count_open().await?);
+            Ok(Done::Done)
+        }
+    }
+}
+
+async fn replay(target: &Target, out: &output::Output, args: &ReplayArgs) -> redrive_core::Result<Done> {
+    if let Some(id) = &args.id {
+        let outcome = target.replay(&FailureId(id.clone())).await?;
+        out.outcome(id, &outcome);
+        return Ok(Done::Done);
+    }
+    let filter = Filter {
+        kind: args.kind.clone(),
+        severity: args.severity,
+        state: State::Open,
+        older_than: args.older_than,
+        after: None,
+        limit: 500,
+    };
+    let severity = args.severity.map(Level::severity);
+    // Every page first, then the replays: a replayed record closes, which would shift the pages.
+    let mut matching = Vec::new();
+    let mut query = filter.query();
+    loop {
+        let page = target.list(&query, None).await?;
+        let full = page.len() == query.limit;
+        query.after = page.last().map(|r| r.id.clone());
+        matching.extend(page.into_iter().filter(|r| severity.is_none_or(|s| r.severity == s)));
+        if !full {
+            break;
+        }
+    }
+    if matching.is_empty() {
+        out.count("records replayed", 0);
+        return Ok(Done::NothingMatched);
+    }
+    if args.dry_run {
+        out.records(&matching);
+        return Ok(Done::Done);
+    }
+    // Interrupted, the command can be run again: replayed records are closed and not matched.
+    let gap = Duration::from_secs(1) / args.rate.max(1);
+    let mut pace = tokio::time::interval(gap);
+    let (mut replayed, mut closed) = (0u64, 0u64);
+    for (n, record) in matching.iter().enumerate() {
+        pace.tick().await;
+        match target.replay(&record.id).await? {
+            ReplayOutcome::Replayed(_) => replayed += 1,
+            ReplayOutcome::AlreadyClosed(_) => closed += 1,
+        }
+        if !out.json {
+            eprint!("\rreplayed {} of {}", n + 1, matching.len());
+        }
+    }
+    if !out.json {
+        eprintln!();
+    }
+    out.bulk(replayed, closed);
+    Ok(Done::Done)
+}

@@ -1,0 +1,140 @@
+//! What the commands print: aligned tables for people, JSON for scripts.
+
+use redrive_core::{Counts, FailureRecord, RecordState, ReplayOutcome};
+use serde_json::json;
+
+pub(crate) struct Output {
+    pub(crate) json: bool,
+}
+
+/// The first line of `text`, at most `max` characters.
+fn short(text: &str, max: usize) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    if line.chars().count() > max {
+        format!("{}…", line.chars().take(max - 1).collect::<String>())
+    } else {
+        line.into()
+    }
+}
+
+fn state(state: &RecordState) -> String {
+    match state {
+        RecordState::Open => "open".into(),
+        RecordState::Replayed { at } => format!("replayed {}", at.format("%Y-%m-%d %H:%M")),
+        RecordState::Discarded { at, reason, actor } => {
+            format!("discarded {} by {actor}: {reason}", at.format("%Y-%m-%d %H:%M"))
+        }
+    }
+}
+
+fn print_json(value: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string_pretty(value).expect("serializes"));
+}
+
+impl Output {
+    pub(crate) fn records(&self, records: &[FailureRecord]) {
+        if self.json {
+            return print_json(&records);
+        }
+        let rows: Vec<[String; 7]> = records
+            .iter()
+            .map(|r| {
+                [
+                    r.id.0.clone(),
+                    r.kind.clone(),
+                    r.key.to_string(),
+                    format!("{:?}", r.severity).to_lowercase(),
+                    format!("{}/{}", r.attempts, r.cap),
+                    r.last_failed_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                    short(&r.last_error, 60),
+                ]
+            })
+            .collect();
+        let header = ["ID", "KIND", "KEY", "SEVERITY", "ATTEMPTS", "LAST FAILED (UTC)", "LAST ERROR"].map(String::from);
+        let mut widths = header.clone().map(|h| h.chars().count());
+        for row in &rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        for row in std::iter::once(&header).chain(&rows) {
+            let cells: Vec<String> = row.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect();
+            println!("{}", cells.join("  ").trim_end());
+        }
+        if let Some(last) = records.last() {
+            let plural = if records.len() == 1 { "" } else { "s" };
+            println!("\n{} record{plural}; the next page: --after {}", records.len(), last.id);
+        } else {
+            println!("no records match");
+        }
+    }
+
+    pub(crate) fn record(&self, r: &FailureRecord) {
+        if self.json {
+            return print_json(r);
+        }
+        println!("record        {}", r.id);
+        println!("job           {}", r.job_id);
+        println!("kind          {}", r.kind);
+        println!("key           {}", r.key);
+        println!("provider key  {}", r.provider_key);
+        println!("severity      {}", format!("{:?}", r.severity).to_lowercase());
+        println!("state         {}", state(&r.state));
+        println!("attempts      {} of {}", r.attempts, r.cap);
+        println!(
+            "failed        {} to {} (UTC)",
+            r.first_failed_at.format("%Y-%m-%d %H:%M:%S"),
+            r.last_failed_at.format("%Y-%m-%d %H:%M:%S")
+        );
+        println!("last error    {}", r.last_error);
+        println!("errors");
+        for e in &r.errors {
+            println!("  #{:<3} {}  {}", e.attempt, e.at.format("%Y-%m-%d %H:%M:%S"), short(&e.error, 100));
+        }
+        println!("payload");
+        let payload = serde_json::to_string_pretty(&r.payload).expect("serializes");
+        for line in payload.lines() {
+            println!("  {line}");
+        }
+    }
+
+    pub(crate) fn count(&self, what: &str, n: u64) {
+        if self.json {
+            return print_json(&json!({ what.replace(' ', "_"): n }));
+        }
+        println!("{what}: {n}");
+    }
+
+    pub(crate) fn outcome(&self, id: &str, outcome: &ReplayOutcome) {
+        let (replayed, text) = match outcome {
+            ReplayOutcome::Replayed(job) => (true, format!("record {id} replayed as job {job}")),
+            ReplayOutcome::AlreadyClosed(s) => {
+                (false, format!("record {id} was closed already ({}): nothing sent", state(s)))
+            }
+        };
+        if self.json {
+            let job = match outcome {
+                ReplayOutcome::Replayed(job) => Some(job.0.clone()),
+                ReplayOutcome::AlreadyClosed(_) => None,
+            };
+            return print_json(&json!({ "record": id, "replayed": replayed, "job": job }));
+        }
+        println!("{text}");
+    }
+
+    pub(crate) fn bulk(&self, replayed: u64, closed: u64) {
+        if self.json {
+            return print_json(&json!({ "replayed": replayed, "already_closed": closed }));
+        }
+        println!("replayed {replayed}; {closed} were closed meanwhile");
+    }
+
+    pub(crate) fn stats(&self, counts: Counts, open: u64) {
+        if self.json {
+            return print_json(&json!({ "queued": counts.queued, "running": counts.running, "open_records": open }));
+        }
+        println!("queued        {}", counts.queued);
+        println!("running       {}", counts.running);
+        println!("open records  {open}");
+    }
+}

@@ -1,0 +1,178 @@
+//! The `redrive` command end to end, as an operator runs it: against PostgreSQL and against SQS
+//! (moto) with its records in PostgreSQL, both started by `scripts/services`. A missing service
+//! fails the test; it never skips.
+
+use std::process::Output;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use redrive_core::{Claim, Enqueue, FailureRecord, IdempotencyKey, Kinds, NewJob, RecordStore, Severity};
+use redrive_postgres::{PgBackend, PgConfig};
+use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
+use serde_json::Value;
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A migrated schema of its own (named so that the Postgres tests' clean-up drops it later).
+async fn database() -> PgBackend {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    let schema = format!("rdt_{}_{}_{nanos:x}_cli", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+    let backend = PgBackend::connect(PgConfig::new(database_url()).with_schema(schema).with_max_connections(3))
+        .await
+        .expect("PostgreSQL is required (run scripts/test)");
+    backend.migrate().await.expect("migrate");
+    backend
+}
+
+fn sqs_endpoint() -> String {
+    std::env::var("REDRIVE_SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".into())
+}
+
+/// Runs `redrive ARGS` against `backend` (and its records in `schema`), with the environment
+/// an operator would have: the database, and AWS's (moto's) for SQS.
+fn redrive(backend: &str, schema: &str, args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["--backend", backend, "--schema", schema])
+        .args(args)
+        .env("DATABASE_URL", database_url())
+        .env("REDRIVE_SQS_ENDPOINT", sqs_endpoint())
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .output()
+        .expect("the redrive binary runs")
+}
+
+fn json(out: &Output) -> Value {
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn job(kind: &str, n: u32) -> NewJob {
+    let key = IdempotencyKey::builder(kind).fact("n", n).build().unwrap();
+    NewJob::new(kind, key, serde_json::json!({ "n": n, "note": format!("parcel {n}") })).unwrap()
+}
+
+/// Jobs that fail for good on `backend`: enqueued, claimed, recorded with `error`.
+async fn fail(backend: &PgBackend, jobs: Vec<NewJob>, error: &str) {
+    let n = jobs.len();
+    backend.enqueue_batch(jobs).await.unwrap();
+    let claimed = backend.claim(&Kinds::Any, n, Duration::from_secs(30), Duration::from_secs(1)).await.unwrap();
+    assert_eq!(claimed.len(), n);
+    for c in &claimed {
+        backend.dead_letter(c, error).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_an_operator_lists_reads_discards_replays_and_purges() {
+    let db = database().await;
+    let (url, schema) = (database_url(), db.schema().to_owned());
+    let mut jobs: Vec<NewJob> = (1..=3).map(|n| job("ship", n)).collect();
+    let mut critical = job("charge", 9);
+    critical.severity = Severity::Critical;
+    jobs.push(critical);
+    fail(&db, jobs, "carrier said no\nat line 2").await;
+
+    // list, as JSON and as a table; filters by kind and severity.
+    let all = json(&redrive(&url, &schema, &["--json", "failed", "list"]));
+    assert_eq!(all.as_array().map(Vec::len), Some(4), "{all}");
+    let ship = json(&redrive(&url, &schema, &["--json", "failed", "list", "--kind", "ship"]));
+    assert_eq!(ship.as_array().map(Vec::len), Some(3));
+    let critical = json(&redrive(&url, &schema, &["--json", "failed", "list", "--severity", "critical"]));
+    assert_eq!(critical[0]["key"], "charge:n=9");
+    let table = redrive(&url, &schema, &["failed", "list", "--limit", "2"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.starts_with("ID ") && text.contains("carrier said no") && !text.contains("at line 2"), "{text}");
+    assert!(text.contains("2 records; the next page: --after "), "{text}");
+
+    // show: payload, errors, attempts; an unknown id exits 2.
+    let id = all[0]["id"].as_str().unwrap().to_owned();
+    let shown = redrive(&url, &schema, &["failed", "show", &id]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains("\"note\": \"parcel 1\"") && text.contains("attempts      1 of 5"), "{text}");
+    assert_eq!(redrive(&url, &schema, &["failed", "show", "no-such-record"]).status.code(), Some(2));
+
+    // discard with reason and name; replay one; counts follow.
+    let discarded = json(&redrive(&url, &schema, &["--json", "discard", &id, "--reason", "refunded", "--by", "ada"]));
+    assert_eq!((&discarded["state"]["reason"], &discarded["state"]["actor"]), (&"refunded".into(), &"ada".into()));
+    let second = all[1]["id"].as_str().unwrap();
+    let replayed = json(&redrive(&url, &schema, &["--json", "replay", second]));
+    assert_eq!(replayed["replayed"], true, "{replayed}");
+    let again = json(&redrive(&url, &schema, &["--json", "replay", second]));
+    assert_eq!(again["replayed"], false, "a second replay sends nothing");
+    assert_eq!(json(&redrive(&url, &schema, &["--json", "failed", "count"]))["open_records"], 2);
+    let back = db.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::from_secs(1)).await.unwrap();
+    assert_eq!(back.len(), 1, "the replayed job is queued once");
+
+    // Nothing matching: exit 2. A bad backend URL: exit 1 and no URL in the message.
+    assert_eq!(redrive(&url, &schema, &["failed", "list", "--kind", "nothing"]).status.code(), Some(2));
+    let bad = redrive("mysql://root:hunter2@db/app", &schema, &["failed", "count"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(!String::from_utf8_lossy(&bad.stderr).contains("hunter2"));
+
+    // purge everything: records gone, count 0.
+    let purged = json(&redrive(&url, &schema, &["--json", "purge", "--older-than", "0s"]));
+    assert_eq!(purged["records_purged"], 4, "{purged}");
+    assert_eq!(redrive(&url, &schema, &["failed", "list", "--state", "all"]).status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_replay_keeps_its_rate_and_a_dry_run_sends_nothing() {
+    let db = database().await;
+    let (url, schema) = (database_url(), db.schema().to_owned());
+    fail(&db, (1..=6).map(|n| job("ship", n)).collect(), "timeout").await;
+    fail(&db, vec![job("charge", 1)], "declined").await;
+
+    let dry = json(&redrive(&url, &schema, &["--json", "replay", "--kind", "ship", "--dry-run"]));
+    assert_eq!(dry.as_array().map(Vec::len), Some(6));
+    assert_eq!(json(&redrive(&url, &schema, &["--json", "failed", "count"]))["open_records"], 7, "nothing sent");
+
+    // Six at 5 a second: five gaps of 200 ms at least.
+    let started = Instant::now();
+    let bulk = json(&redrive(&url, &schema, &["--json", "replay", "--kind", "ship", "--rate", "5"]));
+    let took = started.elapsed();
+    assert_eq!((&bulk["replayed"], &bulk["already_closed"]), (&6.into(), &0.into()), "{bulk}");
+    assert!(took >= Duration::from_millis(1000), "the rate cap holds: {took:?}");
+    assert_eq!(json(&redrive(&url, &schema, &["--json", "failed", "count"]))["open_records"], 1, "only the charge");
+    // Run again (as after an interruption): nothing left to replay.
+    assert_eq!(redrive(&url, &schema, &["replay", "--kind", "ship"]).status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqs_records_are_read_from_the_database_and_a_replay_sends_the_job_back() {
+    let db = database().await;
+    let schema = db.schema().to_owned();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    let name = format!("rdt-cli-{}-{nanos:x}", std::process::id());
+    let config = SqsConfig::new(&name)
+        .with_endpoint(sqs_endpoint())
+        .with_region("us-east-1")
+        .with_static_credentials("test", "test")
+        .with_max_wait(Duration::ZERO);
+    let queue = SqsBackend::setup(config, QueueSetup::default(), db.clone())
+        .await
+        .unwrap_or_else(|e| panic!("moto's SQS is required (run scripts/test): {e}"));
+    let records: Vec<FailureRecord> =
+        (1..=2).map(|n| redrive_conformance::sample_record(n, serde_json::json!({ "n": n }))).collect();
+    db.keep_records(queue.record_scope(), &records).await.unwrap();
+
+    let backend = format!("sqs://{name}");
+    let listed = json(&redrive(&backend, &schema, &["--json", "failed", "list"]));
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+    let replay = redrive(&backend, &schema, &["--json", "replay", "m-1"]);
+    assert_eq!(json(&replay)["replayed"], true);
+    let mut back = Vec::new();
+    for _ in 0..50 {
+        back = queue.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::from_millis(100)).await.unwrap();
+        if !back.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(back.len(), 1, "the job is back on the queue once");
+    assert_eq!(back[0].job.key, records[0].key);
+}
