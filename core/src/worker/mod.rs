@@ -497,6 +497,16 @@ impl RunningWorker {
         self.shutdown_within(grace).await
     }
 
+    /// Runs until the process is asked to stop (SIGTERM, as from a service manager or
+    /// Kubernetes, or SIGINT, Ctrl-C), then shuts down as [`shutdown`](Self::shutdown) does:
+    /// running handlers finish within the grace, the rest are released. The one call a
+    /// service's `main` needs after starting its workers.
+    pub async fn run_until_signal(self) -> WorkerStats {
+        stop_signal().await;
+        info!("stop signal received: the worker finishes its running jobs and stops");
+        self.shutdown().await
+    }
+
     /// [`shutdown`](Self::shutdown) with an explicit grace (`Duration::ZERO`: release at once).
     pub async fn shutdown_within(self, grace: Duration) -> WorkerStats {
         self.stop.cancel();
@@ -510,6 +520,31 @@ impl RunningWorker {
             self.tracker.wait().await;
         }
         (self.stats)()
+    }
+}
+
+/// SIGTERM or SIGINT (Ctrl-C elsewhere than Unix). A signal that cannot be listened for is
+/// logged, and the worker then runs until the other one comes.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(e) => {
+                error!(error = %e, "cannot listen for SIGTERM; waiting for SIGINT only");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
