@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 
 use crate::backend::FailureRecord;
 use crate::error::Result;
+use crate::job::Severity;
 
 /// A boxed future, for the object-safe [`AlertSink`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -34,6 +35,41 @@ impl Alert {
 pub trait AlertSink: Send + Sync + 'static {
     /// Delivers one alert. An error is logged by the worker; the record is kept either way.
     fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, Result<()>>;
+}
+
+/// Routes by severity: [`at_least`](AlertSinkExt::at_least) passes on only the alerts of records
+/// that severe or more, so that a pager hears of a failed credit grant and not of a failed
+/// receipt, while a chat channel hears of both:
+///
+/// ```
+/// use redrive_core::alert::{self, AlertSinkExt};
+/// use redrive_core::Severity;
+///
+/// let pager = alert::from_fn(|alert| async move { /* page */ Ok(()) }).at_least(Severity::Critical);
+/// # let _ = pager;
+/// ```
+///
+/// The worker counts an alert held back as delivered: it is not retried and not sent later.
+pub trait AlertSinkExt: AlertSink + Sized {
+    /// This sink, for records of `severity` or above only.
+    fn at_least(self, severity: Severity) -> AtLeast<Self> {
+        AtLeast { sink: self, severity }
+    }
+}
+
+impl<S: AlertSink> AlertSinkExt for S {}
+
+/// The sink [`AlertSinkExt::at_least`] makes.
+#[derive(Debug, Clone)]
+pub struct AtLeast<S> {
+    sink: S,
+    severity: Severity,
+}
+
+impl<S: AlertSink> AlertSink for AtLeast<S> {
+    fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, Result<()>> {
+        if alert.record.severity >= self.severity { self.sink.send(alert) } else { Box::pin(async { Ok(()) }) }
+    }
 }
 
 /// An alert sink from a closure that takes the alert and returns a future:

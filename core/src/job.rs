@@ -15,8 +15,9 @@ use crate::redact::debug_redacted;
 /// The attempt cap a job gets when its type names none.
 pub const DEFAULT_CAP: u32 = 5;
 
-/// How loudly a failure record of this job should page someone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+/// How loudly a failure record of this job should page someone. Ordered: `Warning` <
+/// `Error` < `Critical`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
     /// Worth a look during working hours.

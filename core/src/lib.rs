@@ -28,7 +28,7 @@ pub mod worker;
 
 #[cfg(feature = "webhook")]
 pub use alert::WebhookAlerts;
-pub use alert::{Alert, AlertSink, BoxFuture, TracingAlerts};
+pub use alert::{Alert, AlertSink, AlertSinkExt, BoxFuture, TracingAlerts};
 pub use backend::{
     AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Counts, DeadLetter, Dedupe, Enqueue, EnqueueExt,
     Enqueued, FailureId, FailureQuery, FailureRecord, Hold, Kinds, Lease, Ledger, NoRenewal, QueueStats, QueueStatsExt,

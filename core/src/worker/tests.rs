@@ -511,3 +511,41 @@ async fn claims_never_wait_for_more_room_than_there_is() {
     let stats = worker.shutdown().await;
     assert_eq!(stats.succeeded, 60, "{stats:?}");
 }
+
+#[tokio::test]
+async fn a_sink_for_critical_records_hears_only_of_those_and_another_hears_of_all() {
+    use crate::alert::AlertSinkExt;
+    use crate::job::Severity;
+
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Ping { n: 5 }).await.unwrap();
+    let mut critical = NewJob::from_job(&Ping { n: 6 }).unwrap();
+    critical.severity = Severity::Critical;
+    backend.enqueue(critical).await.unwrap();
+    let (paged, chat) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+    let sink = |seen: &Arc<Mutex<Vec<Severity>>>| {
+        let seen = Arc::clone(seen);
+        crate::alert::from_fn(move |alert: Alert| {
+            let seen = Arc::clone(&seen);
+            async move {
+                seen.lock().unwrap().push(alert.record.severity);
+                Ok(())
+            }
+        })
+    };
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(fast())
+        .handle::<Ping>(|_job: Ping, _ctx: JobContext| async { Err::<(), _>(JobError::permanent("declined")) })
+        .alert(sink(&paged).at_least(Severity::Critical))
+        .alert(sink(&chat))
+        .build()
+        .start();
+    records(&backend, 2).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    worker.shutdown().await;
+    assert_eq!(*paged.lock().unwrap(), [Severity::Critical]);
+    let mut all = chat.lock().unwrap().clone();
+    all.sort();
+    assert_eq!(all, [Severity::Error, Severity::Critical]);
+    assert!(Severity::Warning < Severity::Error && Severity::Error < Severity::Critical);
+}
