@@ -58,7 +58,8 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         for attempt in 1..=ALERT_TRIES {
             match sink.send(alert).await {
                 Ok(()) => {
-                    self.counters.add(Count::Alerted, 1);
+                    self.counters.add_for(Count::Alerted, &alert.record.kind, 1);
+                    metrics::counter!("redrive_alerts_total", "result" => "sent").increment(1);
                     if let Err(e) = self.ledger.finish(&hold, &serde_json::Value::Null).await {
                         // It was sent; a sweep may send it once more.
                         warn!(%record, error = %e, "alert sent but not marked sent");
@@ -69,7 +70,10 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                     warn!(%record, error = %e, attempt, "alert not delivered; trying again");
                     tokio::time::sleep(backoff.delay(attempt)).await;
                 }
-                Err(e) => error!(%record, error = %e, "alert not delivered; the next sweep tries again"),
+                Err(e) => {
+                    metrics::counter!("redrive_alerts_total", "result" => "failed").increment(1);
+                    error!(%record, error = %e, "alert not delivered; the next sweep tries again");
+                }
             }
         }
         if let Err(e) = self.ledger.release_hold(&hold).await {
@@ -82,7 +86,11 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     /// them hidden from every reader for the receive's visibility.
     async fn sweep_once(&self, stop: &CancellationToken) {
         // The count is cheap everywhere (on SQS a queue attribute); the listing may not be.
-        if self.queue.count_open().await.is_ok_and(|n| n == 0) {
+        let open = self.queue.count_open().await;
+        if let Ok(n) = open {
+            metrics::gauge!("redrive_open_records").set(n as f64);
+        }
+        if open.is_ok_and(|n| n == 0) {
             return;
         }
         let mut query = FailureQuery::open();

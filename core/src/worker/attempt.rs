@@ -87,7 +87,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             // A backend that cannot claim by kind gave us another worker's job (a rolling deploy,
             // workers that each run some kinds): hand it back, at no cost to the job.
             info!("no handler for this kind here; handed back for a worker that has one");
-            self.counters.add(Count::Deferred, 1);
+            self.counters.add_for(Count::Deferred, &job.kind, 1);
             return self.settle(self.queue.defer(&claimed.lease, self.config.poll).await);
         };
         // The hold starts when the ledger takes it: no later than now.
@@ -101,7 +101,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             Ok(Begin::Resumed(hold)) => (hold, true),
             Ok(Begin::Done(_)) => {
                 info!("skipped: the effect of this key is already done");
-                self.counters.add(Count::Skipped, 1);
+                self.counters.add_for(Count::Skipped, &job.kind, 1);
                 return self.settle(self.queue.complete(&claimed.lease, None).await);
             }
             Ok(Begin::Busy(held_for)) => {
@@ -112,7 +112,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 // a direct `Ledger::begin`) and released early is not waited out whole.
                 let delay = held_for.min(self.config.lease / 3) + Duration::from_millis(10);
                 info!(retry_in_ms = delay.as_millis() as u64, "deferred: another attempt holds this key");
-                self.counters.add(Count::Deferred, 1);
+                self.counters.add_for(Count::Deferred, &job.kind, 1);
                 return self.settle(self.queue.defer(&claimed.lease, delay).await);
             }
             Err(e) if e.kind() == ErrorKind::KeyConflict => {
@@ -122,7 +122,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 // The ledger, not the job, is at fault: put the job back at no cost and pause.
                 let delay = self.infra.failed(self.config.lease);
                 warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "effect ledger unavailable; deferred");
-                self.counters.add(Count::Deferred, 1);
+                self.counters.add_for(Count::Deferred, &job.kind, 1);
                 return self.settle(self.queue.defer(&claimed.lease, delay).await);
             }
         };
@@ -168,8 +168,11 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             }
         };
         let started = Instant::now();
+        metrics::counter!("redrive_handlers_started_total", "kind" => job.kind.clone()).increment(1);
         let ran = self.run_holding(&attempt, &hold, run, &abandon).await;
-        self.pace.record(started.elapsed());
+        let took = started.elapsed();
+        self.pace.record(took);
+        metrics::histogram!("redrive_handler_seconds", "kind" => job.kind.clone()).record(took.as_secs_f64());
         drop(slot); // the handler is done: the next one may start while this one settles
         self.taken.notify_waiters(); // an idle handler is room for a claim
         let result = match ran {
@@ -177,14 +180,14 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             Ran::Abandoned => {
                 self.release_hold(&hold).await;
                 info!("interrupted by shutdown; released for another worker");
-                self.counters.add(Count::Released, 1);
+                self.counters.add_for(Count::Released, &job.kind, 1);
                 // The handler started, so the attempt counts, like any failed one.
                 let lease = attempt.lease();
                 return self.settle(self.queue.retry(&lease, Duration::ZERO, "interrupted by shutdown").await);
             }
             Ran::HoldLapsing => {
                 warn!("the key's hold could not be renewed: the handler was cancelled before it lapsed");
-                self.counters.add(Count::Cancelled, 1);
+                self.counters.add_for(Count::Cancelled, &job.kind, 1);
                 Err(JobError::retry("cancelled: the key's hold could not be renewed before it lapsed"))
             }
         };
@@ -193,7 +196,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 Ok(value) if hold.lease.is_some() => {
                     // The hold is the job's lease: done with its result in one fenced write.
                     debug!("done");
-                    self.counters.add(Count::Succeeded, 1);
+                    self.counters.add_for(Count::Succeeded, &job.kind, 1);
                     return self.settle(self.queue.complete(&attempt.lease(), Some(&value)).await);
                 }
                 Ok(value) => {
@@ -380,13 +383,13 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         match self.policy.decide(job.attempt, job.cap, &outcome) {
             Decision::Complete => {
                 debug!("done");
-                self.counters.add(Count::Succeeded, 1);
+                self.counters.add_for(Count::Succeeded, &job.kind, 1);
                 self.settle(self.queue.complete(&attempt.lease(), None).await);
             }
             Decision::RetryIn(delay) => {
                 let error = error_of(&outcome);
                 warn!(error, retry_in_ms = delay.as_millis() as u64, "attempt failed; retrying");
-                self.counters.add(Count::Retried, 1);
+                self.counters.add_for(Count::Retried, &job.kind, 1);
                 self.settle(self.queue.retry(&attempt.lease(), delay, error).await);
             }
             Decision::DeadLetter => self.dead_letter(&attempt.claimed(), error_of(&outcome)).await,
@@ -398,7 +401,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             Ok(record) => record,
             Err(e) => return self.settle(Err(e)),
         };
-        self.counters.add(Count::DeadLettered, 1);
+        self.counters.add_for(Count::DeadLettered, &claimed.job.kind, 1);
         match record {
             Some(record) => {
                 warn!(record = %record.id, error, "failure record written");

@@ -187,9 +187,9 @@ async fn claimer<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
         if unfilled > 0 {
             shared.taken.notify_waiters();
         }
-        shared.counters.add(Count::Claimed, claimed.len() as u64);
         let now = Instant::now();
         for job in claimed {
+            shared.counters.add_for(Count::Claimed, &job.job.kind, 1);
             // The dispatcher outlives every claimer, so this cannot fail.
             let _ = buffer.send((now, job));
         }
@@ -306,7 +306,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
 
     async fn give_back(&self, claimed: &Claimed) {
         debug!("handed back before it started");
-        self.counters.add(Count::HandedBack, 1);
+        self.counters.add_for(Count::HandedBack, &claimed.job.kind, 1);
         // Its handler never ran: the job must not pay for it. Where a release keeps the attempt
         // (SQS counts the receive), a deferral without delay gives it back.
         let given_back = if self.caps.release_refunds {

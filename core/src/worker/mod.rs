@@ -137,9 +137,37 @@ enum Count {
     Alerted,
 }
 
+impl Count {
+    /// The `outcome` label of `redrive_jobs_total`.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Claimed => "claimed",
+            Self::Succeeded => "succeeded",
+            Self::Skipped => "skipped",
+            Self::Deferred => "deferred",
+            Self::Retried => "retried",
+            Self::DeadLettered => "dead_lettered",
+            Self::Released => "released",
+            Self::HandedBack => "handed_back",
+            Self::LeaseLost => "lease_lost",
+            Self::Cancelled => "cancelled",
+            Self::Alerted => "alerted",
+        }
+    }
+}
+
 impl Counters {
+    /// Counts `n` of `which` where the kind is not known (a lost lease): the stats, and the
+    /// `redrive_jobs_total` metric with an empty kind.
     fn add(&self, which: Count, n: u64) {
+        self.add_for(which, "", n);
+    }
+
+    /// Counts `n` of `which` for jobs of `kind`: the stats, and the `redrive_jobs_total`
+    /// metric (labels: kind and outcome; never a key or a payload value).
+    fn add_for(&self, which: Count, kind: &str, n: u64) {
         self.0[which as usize].fetch_add(n, Ordering::Relaxed);
+        metrics::counter!("redrive_jobs_total", "kind" => kind.to_owned(), "outcome" => which.name()).increment(n);
     }
 
     fn snapshot(&self) -> WorkerStats {
