@@ -18,11 +18,15 @@ WITH purged AS (
 ), keys AS (
     DELETE FROM {schema}.job_keys WHERE idempotency_key = ANY(ARRAY(SELECT idempotency_key FROM gone))
 ), alerts AS (
-    -- The records' alert keys (`redrive_alert:record=<id>:sink=<n>`, sinks 0 to 15), which
-    -- `prune_done` keeps: named whole, so they are found by the primary key.
+    -- The records' alert keys (`redrive_alert:record=<id>:sink=<n>`, sinks 0 to 15, and their
+    -- reminders `…:reminder=<r>:sink=<n>`, 1 to 16), which `prune_done` keeps: named whole, so
+    -- they are found by the primary key.
     DELETE FROM {schema}.processed_keys
     WHERE idempotency_key = ANY(ARRAY(
         SELECT 'redrive_alert:record=' || p.id || ':sink=' || sink FROM purged p, generate_series(0, 15) sink
+        UNION ALL
+        SELECT 'redrive_alert:record=' || p.id || ':reminder=' || r || ':sink=' || sink
+        FROM purged p, generate_series(1, 16) r, generate_series(0, 15) sink
     ))
 )
 SELECT count(*) AS purged FROM purged

@@ -136,8 +136,15 @@ async fn prune_done_keeps_alert_keys_and_purge_takes_them_with_their_records() {
     };
     // An alert key as the worker writes it for record 1, and another queue's job key.
     let alert = IdempotencyKey::builder("redrive_alert").fact("record", 1).fact("sink", 0).build().unwrap();
+    let reminder = IdempotencyKey::builder("redrive_alert")
+        .fact("record", 1)
+        .fact("sink", 3)
+        .fact("reminder", 16)
+        .build()
+        .unwrap();
     let other = IdempotencyKey::builder("sqs_job").fact("n", 1).build().unwrap();
     done(&alert).await;
+    done(&reminder).await;
     done(&other).await;
     let keys = || {
         let backend = backend.clone();
@@ -149,7 +156,11 @@ async fn prune_done_keeps_alert_keys_and_purge_takes_them_with_their_records() {
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     backend.prune_done(Duration::ZERO).await.unwrap();
-    assert_eq!(keys().await, [alert.to_string()], "other keys are pruned; the alert key stays with its record");
+    assert_eq!(
+        keys().await,
+        [reminder.to_string(), alert.to_string()],
+        "other keys are pruned; the alert keys stay with their record"
+    );
 
     // A record with id 1, then its purge: its alert key goes with it.
     let job = NewJob::from_job(&Receipt { order: 1, note: "x".into() }).unwrap();
@@ -160,5 +171,5 @@ async fn prune_done_keeps_alert_keys_and_purge_takes_them_with_their_records() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     use redrive_core::DeadLetter;
     assert_eq!(backend.purge(Duration::ZERO).await.unwrap(), 1);
-    assert!(keys().await.is_empty(), "the purged record's alert key is gone");
+    assert!(keys().await.is_empty(), "the purged record's alert and reminder keys are gone");
 }

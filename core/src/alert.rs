@@ -18,14 +18,24 @@ pub struct Alert {
     pub record: FailureRecord,
     /// When the alert was raised.
     pub raised_at: DateTime<Utc>,
+    /// 0 for the record's alert; n for its n-th reminder while it stays open (see
+    /// [`WorkerConfig::remind_after`](crate::WorkerConfig::remind_after)).
+    pub reminder: u32,
 }
 
 impl Alert {
     /// One line for a person: kind, key, attempts, record id and the last error. No payload.
     pub fn summary(&self) -> String {
         let r = &self.record;
+        let reminder = match self.reminder {
+            0 => String::new(),
+            n => {
+                let hours = (self.raised_at - r.last_failed_at).num_minutes() as f64 / 60.0;
+                format!("reminder {n}, still open after {hours:.1} h: ")
+            }
+        };
         format!(
-            "[{:?}] job `{}` failed for good after {}/{} attempts: key {}, record {}, last error: {}",
+            "[{:?}] {reminder}job `{}` failed for good after {}/{} attempts: key {}, record {}, last error: {}",
             r.severity, r.kind, r.attempts, r.cap, r.key, r.id, r.last_error
         )
     }
@@ -219,6 +229,7 @@ mod tests {
                 state: RecordState::Open,
             },
             raised_at: now,
+            reminder: 0,
         }
     }
 

@@ -26,26 +26,44 @@ pub(super) const ALERT_KIND: &str = "redrive_alert";
 /// How long one delivery holds its key: longer than its retries take.
 const ALERT_HOLD: Duration = Duration::from_secs(60);
 
+/// Reminders per record at most: each is a ledger key, which a purge names whole (by primary key).
+pub(super) const MAX_REMINDERS: u32 = 16;
+
 /// Tries per delivery before it is left to the next sweep.
 const ALERT_TRIES: u32 = 4;
 
-/// The ledger key of one record's alert to sink number `sink`.
-pub(super) fn alert_key(record: &FailureRecord, sink: usize) -> Option<IdempotencyKey> {
-    IdempotencyKey::builder(ALERT_KIND).fact("record", &record.id.0).fact("sink", sink).build().ok()
+/// The ledger key of one record's alert (`reminder` 0) or n-th reminder to sink number `sink`.
+pub(super) fn alert_key(record: &FailureRecord, sink: usize, reminder: u32) -> Option<IdempotencyKey> {
+    let key = IdempotencyKey::builder(ALERT_KIND).fact("record", &record.id.0).fact("sink", sink);
+    let key = if reminder == 0 { key } else { key.fact("reminder", reminder) };
+    key.build().ok()
 }
 
 impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     /// Alerts every sink about `record`, unless it has been (or is being) alerted already.
     pub(super) async fn alert(&self, record: FailureRecord) {
-        let alert = Alert { record, raised_at: Utc::now() };
+        self.announce(record, 0).await;
+    }
+
+    /// Sends the record's alert (`reminder` 0) or its n-th reminder to every sink, once each.
+    async fn announce(&self, record: FailureRecord, reminder: u32) {
+        let alert = Alert { record, raised_at: Utc::now(), reminder };
         for (n, sink) in self.alerts.iter().enumerate() {
             self.alert_sink(n, sink.as_ref(), &alert).await;
         }
     }
 
+    /// The reminder a record open this long is due, if any: the n-th once it has been open n
+    /// periods of `remind_after`, up to [`MAX_REMINDERS`].
+    fn reminder_due(&self, record: &FailureRecord) -> Option<u32> {
+        let every = self.config.remind_after?.as_millis().max(1);
+        let open_for = (Utc::now() - record.last_failed_at).num_milliseconds().max(0) as u128;
+        u32::try_from(open_for / every).ok().filter(|n| (1..=MAX_REMINDERS).contains(n))
+    }
+
     async fn alert_sink(&self, n: usize, sink: &dyn AlertSink, alert: &Alert) {
         let record = &alert.record.id;
-        let Some(key) = alert_key(&alert.record, n) else {
+        let Some(key) = alert_key(&alert.record, n, alert.reminder) else {
             return error!(%record, "cannot make the alert's ledger key; alert not sent");
         };
         let payload = json!({ "record": record, "sink": n });
@@ -105,7 +123,11 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 if stop.is_cancelled() {
                     return;
                 }
-                self.alert(record).await;
+                let reminder = self.reminder_due(&record);
+                self.alert(record.clone()).await;
+                if let Some(n) = reminder {
+                    self.announce(record, n).await;
+                }
             }
             if !full {
                 return;

@@ -70,6 +70,10 @@ pub struct WorkerConfig {
     /// that kept failing, a worker that died between the record and its alert), and delivers
     /// it (default 60 s; also once at start).
     pub alert_sweep: Duration,
+    /// While a record stays open, its alert is sent again (a reminder, [`Alert::reminder`]
+    /// counting them) once per this period of its age, found by the sweep, 16 times at most: a
+    /// record nobody reads loses work as surely as a delete does (default `None`: no reminders).
+    pub remind_after: Option<Duration>,
 }
 
 impl Default for WorkerConfig {
@@ -86,6 +90,7 @@ impl Default for WorkerConfig {
             backoff: Backoff::default(),
             shutdown_grace: Duration::from_secs(30),
             alert_sweep: Duration::from_secs(60),
+            remind_after: None,
         }
     }
 }

@@ -549,3 +549,41 @@ async fn a_sink_for_critical_records_hears_only_of_those_and_another_hears_of_al
     assert_eq!(all, [Severity::Error, Severity::Critical]);
     assert!(Severity::Warning < Severity::Error && Severity::Error < Severity::Critical);
 }
+
+#[tokio::test]
+async fn a_record_left_open_is_reminded_once_per_period_until_it_is_closed() {
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Ping { n: 7 }).await.unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&seen);
+    let config = WorkerConfig {
+        alert_sweep: Duration::from_millis(50),
+        remind_after: Some(Duration::from_millis(300)),
+        ..fast()
+    };
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(config)
+        .handle::<Ping>(|_job: Ping, _ctx: JobContext| async { Err::<(), _>(JobError::permanent("declined")) })
+        .alert_fn(move |alert: Alert| {
+            let sink = Arc::clone(&sink);
+            async move {
+                sink.lock().unwrap().push((alert.reminder, alert.summary()));
+                Ok(())
+            }
+        })
+        .build()
+        .start();
+    let record = records(&backend, 1).await.remove(0);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    backend.discard(&record.id, "handled", "ada").await.unwrap();
+    let at_discard = seen.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    worker.shutdown().await;
+    let seen = seen.lock().unwrap();
+    let reminders: Vec<u32> = seen.iter().map(|(n, _)| *n).collect();
+    assert_eq!(reminders.first(), Some(&0), "the alert first: {reminders:?}");
+    assert!(reminders.len() >= 3, "reminders while open: {reminders:?}");
+    assert!(reminders.windows(2).all(|w| w[1] == w[0] + 1), "each once, in order: {reminders:?}");
+    assert!(seen[1].1.contains("reminder 1, still open after"), "{}", seen[1].1);
+    assert_eq!(seen.len(), at_discard, "none after the record is closed");
+}
