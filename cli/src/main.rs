@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
 use redrive_core::{ErrorKind, FailureId, FailureQuery, ReplayOutcome, Severity};
 
 use crate::backends::Target;
@@ -283,19 +284,25 @@ async fn replay(target: &Target, out: &output::Output, args: &ReplayArgs) -> red
     let gap = Duration::from_secs(1) / args.rate.max(1);
     let mut pace = tokio::time::interval(gap);
     let (mut replayed, mut closed) = (0u64, 0u64);
-    for (n, record) in matching.iter().enumerate() {
+    // On stderr, and only on a terminal (indicatif hides it otherwise): stdout stays the summary.
+    let progress = if out.json { ProgressBar::hidden() } else { ProgressBar::new(matching.len() as u64) };
+    progress.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} replayed, {per_sec}, {eta} left").expect("a valid template"),
+    );
+    for record in &matching {
         pace.tick().await;
-        match target.replay(&record.id).await? {
-            ReplayOutcome::Replayed(_) => replayed += 1,
-            ReplayOutcome::AlreadyClosed(_) => closed += 1,
+        match target.replay(&record.id).await {
+            Ok(ReplayOutcome::Replayed(_)) => replayed += 1,
+            Ok(ReplayOutcome::AlreadyClosed(_)) => closed += 1,
+            Err(e) => {
+                progress.abandon();
+                eprintln!("redrive: stopped after {replayed} replayed; run the same command again to go on");
+                return Err(e);
+            }
         }
-        if !out.json {
-            eprint!("\rreplayed {} of {}", n + 1, matching.len());
-        }
+        progress.inc(1);
     }
-    if !out.json {
-        eprintln!();
-    }
+    progress.finish_and_clear();
     out.bulk(replayed, closed);
     Ok(Done::Done)
 }
