@@ -4,17 +4,15 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redrive_azure::azure_storage_queue::models::{QueueClientReceiveMessagesOptions, QueueMessage};
 use redrive_azure::{AzureBackend, AzureConfig, QueueOptions};
-use redrive_core::alert::BoxFuture;
+use redrive_conformance::FlakyStore;
 use redrive_core::{
-    Claim, Claimed, DeadLetter, Enqueue, ErrorKind, FailureId, FailureQuery, FailureRecord, Job, JobContext, JobError,
-    KeyBuilder, Kinds, NewJob, RecordState, RecordStore, Replay, ReplayOutcome, Result, RunningWorker, Taken, Worker,
-    WorkerConfig,
+    Claim, Claimed, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, Kinds, NewJob,
+    Replay, ReplayOutcome, RunningWorker, Worker, WorkerConfig,
 };
 use redrive_postgres::PgBackend;
 use serde::{Deserialize, Serialize};
@@ -131,59 +129,13 @@ impl RenewLease for AzureBackend {
     }
 }
 
-/// A record store whose writes fail while `down` is set, as a database outage would.
-#[derive(Clone)]
-struct FlakyStore {
-    store: PgBackend,
-    down: Arc<AtomicBool>,
-}
-
-impl RecordStore for FlakyStore {
-    fn keep_records<'a>(&'a self, queue: &'a str, records: &'a [FailureRecord]) -> BoxFuture<'a, Result<u64>> {
-        if self.down.load(Ordering::Relaxed) {
-            return Box::pin(async { Err(redrive_core::Error::temporary("the database is down")) });
-        }
-        self.store.keep_records(queue, records)
-    }
-    fn records<'a>(&'a self, queue: &'a str, query: &'a FailureQuery) -> BoxFuture<'a, Result<Vec<FailureRecord>>> {
-        self.store.records(queue, query)
-    }
-    fn record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<FailureRecord>> {
-        self.store.record(queue, id)
-    }
-    fn open_records<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64>> {
-        self.store.open_records(queue)
-    }
-    fn take_for_replay<'a>(
-        &'a self,
-        queue: &'a str,
-        id: &'a FailureId,
-        window: Duration,
-    ) -> BoxFuture<'a, Result<Taken>> {
-        self.store.take_for_replay(queue, id, window)
-    }
-    fn close_record<'a>(
-        &'a self,
-        queue: &'a str,
-        id: &'a FailureId,
-        state: &'a RecordState,
-    ) -> BoxFuture<'a, Result<Option<RecordState>>> {
-        self.store.close_record(queue, id, state)
-    }
-    fn purge_records<'a>(&'a self, queue: &'a str, age: Duration) -> BoxFuture<'a, Result<u64>> {
-        self.store.purge_records(queue, age)
-    }
-    fn records_mention<'a>(&'a self, queue: &'a str, text: &'a str) -> BoxFuture<'a, Result<bool>> {
-        self.store.records_mention(queue, text)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_the_record_and_the_delete_leaves_one_record_one_alert_and_no_second_run() {
     for store_down in [false, true] {
         let name = common::name(if store_down { "crash-poison" } else { "crash-store" });
         let ledger = common::store().await;
-        let store = FlakyStore { store: ledger.clone(), down: Arc::new(AtomicBool::new(store_down)) };
+        let store = FlakyStore::new(ledger.clone());
+        store.set_down(store_down);
         let queue = common::queue_named(&name, QueueOptions::default(), store.clone()).await;
         queue.enqueue(ship(2).with_cap(1)).await.unwrap();
 
@@ -198,7 +150,7 @@ async fn a_crash_between_the_record_and_the_delete_leaves_one_record_one_alert_a
 
         // The next worker, the crash over, dead-letters it without running it again.
         queue.fail_dead_letters_after_record(false);
-        store.down.store(false, Ordering::Relaxed);
+        store.set_down(false);
         let w = worker(&queue, &ledger, &effects, Some("label printer on fire"), &alerts);
         wait_for("the message to leave the queue", 60, async || {
             let empty = queue.claim(&Kinds::Any, 32, Duration::from_secs(1), Duration::ZERO).await.unwrap().is_empty();
@@ -295,7 +247,7 @@ fn python(args: &[&str]) -> serde_json::Value {
 async fn the_python_sdk_sends_jobs_a_worker_runs_and_reads_the_records_a_worker_writes() {
     let name = common::name("pysdk");
     let ledger = common::store().await;
-    let store = FlakyStore { store: ledger.clone(), down: Arc::default() };
+    let store = FlakyStore::new(ledger.clone());
     let queue = common::queue_named(&name, QueueOptions::default(), store.clone()).await;
 
     // A job sent by Python in base64 (as Azure Functions' queues hold text), from the
@@ -310,7 +262,7 @@ async fn the_python_sdk_sends_jobs_a_worker_runs_and_reads_the_records_a_worker_
 
     // With the record store down, the worker writes the record to the poison queue, where
     // Python reads it.
-    store.down.store(true, Ordering::Relaxed);
+    store.set_down(true);
     queue.enqueue(ship(6).with_cap(1)).await.unwrap();
     let w = worker(&queue, &ledger, &effects, Some("carrier said no"), &alerts);
     wait_for("the failure record's alert", 20, async || *alerts.lock().unwrap() >= 1).await;
@@ -327,7 +279,7 @@ async fn the_python_sdk_sends_jobs_a_worker_runs_and_reads_the_records_a_worker_
 
     // The store back, the record is drained into it: the same record, alerted once, and the
     // replay runs the job from it.
-    store.down.store(false, Ordering::Relaxed);
+    store.set_down(false);
     let kept = queue.list(&FailureQuery::open()).await.unwrap();
     assert_eq!(kept.len(), 1);
     assert_eq!(

@@ -468,7 +468,7 @@ fn boto3(args: &[&str]) -> serde_json::Value {
 async fn boto3_reads_the_records_a_worker_writes_and_sends_jobs_a_worker_runs_as_envelope_md_says() {
     let name = common::name("boto3");
     let ledger = common::ledger().await;
-    let store = common::FlakyStore { store: ledger.clone(), down: Arc::default() };
+    let store = redrive_conformance::FlakyStore::new(ledger.clone());
     let queue = SqsBackend::setup(common::config(&name), QueueSetup::default(), store.clone()).await.unwrap();
     let client = common::raw_client().await;
     let dlq = client.get_queue_url().queue_name(format!("{name}-dlq")).send().await.unwrap().queue_url.unwrap();
@@ -490,7 +490,7 @@ async fn boto3_reads_the_records_a_worker_writes_and_sends_jobs_a_worker_runs_as
 
     // With the record store down, the worker writes the record to the DLQ, where it reads in
     // Python as the documentation says.
-    store.down.store(true, std::sync::atomic::Ordering::Relaxed);
+    store.set_down(true);
     queue.enqueue(NewJob::from_job(&Blob { id: 5, data: "kept for a replay".into() }).unwrap()).await.unwrap();
     let alerts = Arc::new(Mutex::new(0));
     let w = failing_worker(&queue, &ledger, "card declined".into(), &alerts);
@@ -508,7 +508,7 @@ async fn boto3_reads_the_records_a_worker_writes_and_sends_jobs_a_worker_runs_as
     let source_id = record["source_id"].as_str().expect("a source id").to_owned();
 
     // The store back, the record is drained into it: the same record, alerted once.
-    store.down.store(false, std::sync::atomic::Ordering::Relaxed);
+    store.set_down(false);
     let kept = queue.list(&FailureQuery::open()).await.unwrap();
     assert_eq!(kept.len(), 1);
     assert_eq!((kept[0].id.0.as_str(), kept[0].last_error.as_str()), (source_id.as_str(), "card declined"));

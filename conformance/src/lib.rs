@@ -68,6 +68,7 @@
 //! Run one behaviour alone with `cargo test exhaust`.
 
 mod faults;
+mod flaky;
 mod harness;
 mod scenarios;
 
@@ -78,6 +79,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use faults::*;
+pub use flaky::FlakyStore;
 pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
 use redrive_core::{Claim, DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};
 pub use scenarios::*;

@@ -24,7 +24,7 @@ use crate::backend::{
 };
 use crate::envelope::{ENVELOPE_VERSION, Envelope};
 use crate::error::{Error, ErrorKind, Result, Retry};
-use crate::job::{JobId, NewJob, Severity};
+use crate::job::{JobId, JobRecord, NewJob, Severity};
 use crate::key::{IdempotencyKey, ProviderKey};
 use crate::records::{RecordStore, Taken};
 
@@ -292,6 +292,40 @@ pub fn carried_job(
         payload: Value::String(body.to_owned()),
     };
     (stand_in, Some(why))
+}
+
+/// A batch enqueue that stopped part-way on `broker`: how many jobs were sent and which keys
+/// were not (`sent[i]` is whether `jobs[i]` was), for the caller to enqueue only those again;
+/// with the kind and retry flag of the failure that stopped it.
+pub fn not_all_sent(broker: &str, jobs: &[NewJob], sent: &[bool], why: &str, cause: (ErrorKind, Retry)) -> Error {
+    let unsent: Vec<&str> = jobs.iter().zip(sent).filter(|(_, s)| !**s).map(|(j, _)| j.key.as_str()).collect();
+    let shown = unsent.iter().take(20).copied().collect::<Vec<_>>().join(", ");
+    let more = if unsent.len() > 20 { format!(" and {} more", unsent.len() - 20) } else { String::new() };
+    let message = format!(
+        "{broker}: {} of {} jobs were sent; not sent ({why}): {shown}{more}; enqueue only these again",
+        jobs.len() - unsent.len(),
+        jobs.len()
+    );
+    Error::new(cause.0, message).with_retry(cause.1)
+}
+
+/// The job a received message carries, as the worker gets it: `env` (or its stand-in, with
+/// `undecodable` saying why), under `id`, at `attempt`. Brokers cannot tell a lapsed claim from
+/// a started one, so nothing is counted as stranded.
+pub fn job_record(id: JobId, env: Envelope, attempt: u32, undecodable: Option<String>) -> JobRecord {
+    JobRecord {
+        id,
+        kind: env.kind,
+        key: env.key,
+        provider_key: env.provider_key,
+        payload: env.payload,
+        attempt,
+        cap: env.cap,
+        severity: env.severity,
+        enqueued_at: env.enqueued_at,
+        stranded: 0,
+        undecodable,
+    }
 }
 
 /// Logs that a record could not be kept in the store and goes to the broker's dead-letter queue.

@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use redrive_core::broker::{self, Broker};
 use redrive_core::{
     Backend, Capabilities, Claim, Claimed, Counts, Dedupe, Enqueue, Enqueued, Envelope, Error, ErrorKind, FailureId,
-    FailureRecord, JobId, JobRecord, Kinds, Lease, NewJob, QueueStats, RecordState, RecordStore, Renew, Result,
+    FailureRecord, JobId, Kinds, Lease, NewJob, QueueStats, RecordState, RecordStore, Renew, Result,
 };
 use serde_json::Value;
 use tokio::sync::Mutex as AsyncMutex;
@@ -399,20 +399,7 @@ impl AzureBackend {
         // Recorded already, and back because its delete failed: past the cap, so that the
         // worker records it again (kept once) rather than run it.
         let attempt = if text.carried.recorded { attempt.max(env.cap.saturating_add(1)) } else { attempt };
-        let job = JobRecord {
-            id: JobId(id.clone()),
-            kind: env.kind,
-            key: env.key,
-            provider_key: env.provider_key,
-            payload: env.payload,
-            attempt,
-            cap: env.cap,
-            severity: env.severity,
-            enqueued_at: env.enqueued_at,
-            // Azure cannot tell a lapsed claim from a started one: every receive stays counted.
-            stranded: 0,
-            undecodable,
-        };
+        let job = broker::job_record(JobId(id.clone()), env, attempt, undecodable);
         let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         if held.len() >= HELD_MAX {
             held.retain(|_, h| h.received.elapsed() < HELD_FOR);
@@ -586,16 +573,8 @@ impl Enqueue for AzureBackend {
             }
         }
         if let Some(e) = failure {
-            let unsent: Vec<&str> =
-                jobs.iter().zip(&sent).filter(|(_, s)| s.is_none()).map(|(j, _)| j.key.as_str()).collect();
-            let shown = unsent.iter().take(20).copied().collect::<Vec<_>>().join(", ");
-            let more = if unsent.len() > 20 { format!(" and {} more", unsent.len() - 20) } else { String::new() };
-            let message = format!(
-                "azure: {} of {} jobs were sent; not sent ({e}): {shown}{more}; enqueue only these again",
-                jobs.len() - unsent.len(),
-                jobs.len()
-            );
-            return Err(Error::new(e.kind(), message).with_retry(e.retry()));
+            let sent: Vec<bool> = sent.iter().map(Option::is_some).collect();
+            return Err(broker::not_all_sent("azure", &jobs, &sent, &e.to_string(), (e.kind(), e.retry())));
         }
         Ok(sent.into_iter().map(|id| Enqueued::Created(id.unwrap_or_else(|| JobId(String::new())))).collect())
     }

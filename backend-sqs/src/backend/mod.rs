@@ -14,8 +14,8 @@ use aws_sdk_sqs::types::{
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use redrive_core::{
     AttemptError, Backend, Capabilities, Claim, Claimed, Counts, Dedupe, Enqueue, Enqueued, Envelope, Error, ErrorKind,
-    FailureId, FailureRecord, IdempotencyKey, JobId, JobRecord, Kinds, Lease, NewJob, QueueStats, RecordState,
-    RecordStore, Renew, Result,
+    FailureId, FailureRecord, IdempotencyKey, JobId, Kinds, Lease, NewJob, QueueStats, RecordState, RecordStore, Renew,
+    Result,
 };
 use serde_json::Value;
 use tracing::warn;
@@ -547,20 +547,7 @@ impl SqsBackend {
         let (env, undecodable) = carried_job(&id, &body, Some(&attrs), sent);
         // A copy (deferred or retried) carries its job's id: the first message's.
         let job_id = attrs.get(ATTR_JOB_ID).and_then(|v| v.string_value()).map_or_else(|| id.clone(), str::to_owned);
-        let job = JobRecord {
-            id: JobId(job_id),
-            kind: env.kind,
-            key: env.key,
-            provider_key: env.provider_key,
-            payload: env.payload,
-            attempt,
-            cap: env.cap,
-            severity: env.severity,
-            enqueued_at: env.enqueued_at,
-            // SQS cannot tell a lapsed claim from a started one: every receive stays counted.
-            stranded: 0,
-            undecodable,
-        };
+        let job = redrive_core::broker::job_record(JobId(job_id), env, attempt, undecodable);
         let message = Some(Kept { body, attrs, attempt });
         let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         if held.len() >= HELD_MAX {
@@ -663,14 +650,8 @@ const BATCH_TRIES: u32 = 4;
 
 /// A batch enqueue that stopped part-way: which keys were not sent, and how many jobs were.
 fn not_all_sent(jobs: &[NewJob], sent: &[Option<String>], why: &str) -> Error {
-    let unsent: Vec<&str> = jobs.iter().zip(sent).filter(|(_, s)| s.is_none()).map(|(j, _)| j.key.as_str()).collect();
-    let shown = unsent.iter().take(20).copied().collect::<Vec<_>>().join(", ");
-    let more = if unsent.len() > 20 { format!(" and {} more", unsent.len() - 20) } else { String::new() };
-    Error::temporary(format!(
-        "sqs: {} of {} jobs were sent; not sent ({why}): {shown}{more}; enqueue only these again",
-        jobs.len() - unsent.len(),
-        jobs.len()
-    ))
+    let sent: Vec<bool> = sent.iter().map(Option::is_some).collect();
+    redrive_core::broker::not_all_sent("sqs", jobs, &sent, why, (ErrorKind::Backend, redrive_core::Retry::Temporary))
 }
 
 impl Backend for SqsBackend {

@@ -3,12 +3,9 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use redrive_core::alert::BoxFuture;
-use redrive_core::{Error, FailureId, FailureQuery, FailureRecord, RecordState, RecordStore, Result, Taken};
 use redrive_postgres::{PgBackend, PgConfig};
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
 
@@ -75,51 +72,4 @@ pub async fn ledger() -> PgBackend {
         .expect("PostgreSQL is required for the effect ledger (run scripts/test)");
     ledger.migrate().await.expect("migrate");
     ledger
-}
-
-/// A record store whose writes fail while `down` is set, as a database outage would.
-#[derive(Clone)]
-pub struct FlakyStore {
-    pub store: PgBackend,
-    pub down: Arc<AtomicBool>,
-}
-
-impl RecordStore for FlakyStore {
-    fn keep_records<'a>(&'a self, queue: &'a str, records: &'a [FailureRecord]) -> BoxFuture<'a, Result<u64>> {
-        if self.down.load(Ordering::Relaxed) {
-            return Box::pin(async { Err(Error::temporary("the database is down")) });
-        }
-        self.store.keep_records(queue, records)
-    }
-    fn records<'a>(&'a self, queue: &'a str, query: &'a FailureQuery) -> BoxFuture<'a, Result<Vec<FailureRecord>>> {
-        self.store.records(queue, query)
-    }
-    fn record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<FailureRecord>> {
-        self.store.record(queue, id)
-    }
-    fn open_records<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64>> {
-        self.store.open_records(queue)
-    }
-    fn take_for_replay<'a>(
-        &'a self,
-        queue: &'a str,
-        id: &'a FailureId,
-        window: Duration,
-    ) -> BoxFuture<'a, Result<Taken>> {
-        self.store.take_for_replay(queue, id, window)
-    }
-    fn close_record<'a>(
-        &'a self,
-        queue: &'a str,
-        id: &'a FailureId,
-        state: &'a RecordState,
-    ) -> BoxFuture<'a, Result<Option<RecordState>>> {
-        self.store.close_record(queue, id, state)
-    }
-    fn purge_records<'a>(&'a self, queue: &'a str, age: Duration) -> BoxFuture<'a, Result<u64>> {
-        self.store.purge_records(queue, age)
-    }
-    fn records_mention<'a>(&'a self, queue: &'a str, text: &'a str) -> BoxFuture<'a, Result<bool>> {
-        self.store.records_mention(queue, text)
-    }
 }
