@@ -67,32 +67,43 @@ impl Target {
 
     /// One page of records matching `query`, of `severity` if given (filtered here: the stores
     /// do not index it).
-    pub(crate) async fn list(&self, query: &FailureQuery, severity: Option<Severity>) -> Result<Vec<FailureRecord>> {
-        let page = on!(self, b => b.list(query).await)?;
+    pub(crate) async fn list_of(&self, query: &FailureQuery, severity: Option<Severity>) -> Result<Vec<FailureRecord>> {
+        let page = self.list(query).await?;
         Ok(page.into_iter().filter(|r| severity.is_none_or(|s| r.severity == s)).collect())
     }
+}
 
-    pub(crate) async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
+// The traits, so that the dashboard takes a `Target` like any backend.
+impl DeadLetter for Target {
+    async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
+        on!(self, b => b.list(query).await)
+    }
+
+    async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
         on!(self, b => b.get(id).await)
     }
 
-    pub(crate) async fn count_open(&self) -> Result<u64> {
+    async fn count_open(&self) -> Result<u64> {
         on!(self, b => b.count_open().await)
     }
 
-    pub(crate) async fn discard(&self, id: &FailureId, reason: &str, by: &str) -> Result<()> {
-        on!(self, b => b.discard(id, reason, by).await)
+    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        on!(self, b => b.discard(id, reason, actor).await)
     }
 
-    pub(crate) async fn purge(&self, age: Duration) -> Result<u64> {
+    async fn purge(&self, age: Duration) -> Result<u64> {
         on!(self, b => b.purge(age).await)
     }
+}
 
-    pub(crate) async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
+impl Replay for Target {
+    async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
         on!(self, b => b.replay(id).await)
     }
+}
 
-    pub(crate) async fn counts(&self) -> Result<Counts> {
+impl QueueStats for Target {
+    async fn counts(&self) -> Result<Counts> {
         on!(self, b => b.counts().await)
     }
 }

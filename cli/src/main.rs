@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use redrive_core::{ErrorKind, FailureId, FailureQuery, ReplayOutcome, Severity};
+use redrive_core::{DeadLetter, ErrorKind, FailureId, FailureQuery, QueueStats, Replay, ReplayOutcome, Severity};
 
 use crate::backends::Target;
 
@@ -71,6 +71,17 @@ enum Command {
         /// An age: `30d`, `12h`, `90min`.
         #[arg(long, value_parser = humantime::parse_duration)]
         older_than: Duration,
+    },
+    /// Serves the dashboard: open records by kind and severity, a record's payload and errors,
+    /// replay and discard, bulk replay, the audit trail, queue depth, and Prometheus `/metrics`.
+    Serve {
+        /// The address to listen on. Beyond loopback a token is required.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        bind: std::net::SocketAddr,
+        /// The operators' sign-in token, also the bearer token of `/metrics` (at least 16
+        /// characters; required beyond loopback).
+        #[arg(long, env = "REDRIVE_DASHBOARD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// The queue's counts.
     Queue {
@@ -212,10 +223,14 @@ async fn main() -> ExitCode {
 
 async fn run(cli: &Cli) -> redrive_core::Result<Done> {
     let target = Target::connect(cli).await?;
+    if let Command::Serve { bind, token } = &cli.command {
+        serve(target, *bind, token.clone()).await?;
+        return Ok(Done::Done);
+    }
     let out = output::Output { json: cli.json };
     match &cli.command {
         Command::Failed { command: Failed::List(filter) } => {
-            let records = target.list(&filter.query(), filter.severity.map(Level::severity)).await?;
+            let records = target.list_of(&filter.query(), filter.severity.map(Level::severity)).await?;
             out.records(&records);
             Ok(if records.is_empty() { Done::NothingMatched } else { Done::Done })
         }
@@ -238,11 +253,30 @@ async fn run(cli: &Cli) -> redrive_core::Result<Done> {
             out.count("records purged", target.purge(*older_than).await?);
             Ok(Done::Done)
         }
+        Command::Serve { .. } => unreachable!("served above"),
         Command::Queue { command: Queue::Stats } => {
             out.stats(target.counts().await?, target.count_open().await?);
             Ok(Done::Done)
         }
     }
+}
+
+/// The dashboard until SIGTERM or SIGINT, its requests logged to stderr (`RUST_LOG` to change).
+async fn serve(target: Target, bind: std::net::SocketAddr, token: Option<String>) -> redrive_core::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| redrive_core::Error::new(ErrorKind::Config, "cannot record metrics").with_source(e))?;
+    let mut dashboard = redrive_dashboard::Dashboard::new(target).with_metrics(metrics);
+    if let Some(token) = token {
+        dashboard = dashboard.with_token(token)?;
+    }
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .map_err(|e| redrive_core::Error::new(ErrorKind::Config, format!("cannot listen on {bind}")).with_source(e))?;
+    eprintln!("redrive: the dashboard is on http://{}", listener.local_addr().unwrap_or(bind));
+    dashboard.serve(listener, redrive_core::stop_signal()).await
 }
 
 async fn replay(target: &Target, out: &output::Output, args: &ReplayArgs) -> redrive_core::Result<Done> {
@@ -264,7 +298,7 @@ async fn replay(target: &Target, out: &output::Output, args: &ReplayArgs) -> red
     let mut matching = Vec::new();
     let mut query = filter.query();
     loop {
-        let page = target.list(&query, None).await?;
+        let page = target.list(&query).await?;
         let full = page.len() == query.limit;
         query.after = page.last().map(|r| r.id.clone());
         matching.extend(page.into_iter().filter(|r| severity.is_none_or(|s| r.severity == s)));

@@ -1,5 +1,7 @@
 //! What the commands print: aligned tables for people, JSON for scripts.
 
+use std::time::Duration;
+
 use redrive_core::{Counts, FailureRecord, RecordState, ReplayOutcome};
 use serde_json::json;
 
@@ -130,11 +132,29 @@ impl Output {
     }
 
     pub(crate) fn stats(&self, counts: Counts, open: u64) {
+        let ready = counts.scheduled.map(|s| counts.queued.saturating_sub(s));
+        let oldest = counts.oldest_ready.map(|age| age.as_secs_f64());
         if self.json {
-            return print_json(&json!({ "queued": counts.queued, "running": counts.running, "open_records": open }));
+            return print_json(&json!({
+                "queued": counts.queued,
+                "ready": ready,
+                "scheduled": counts.scheduled,
+                "running": counts.running,
+                "oldest_ready_seconds": oldest,
+                "open_records": open,
+            }));
         }
+        let unknown = || "unknown".to_owned();
         println!("queued        {}", counts.queued);
+        println!("  ready       {}", ready.map_or_else(unknown, |n| n.to_string()));
+        println!("  scheduled   {}", counts.scheduled.map_or_else(unknown, |n| n.to_string()));
         println!("running       {}", counts.running);
+        let oldest = match counts.oldest_ready {
+            Some(age) => humantime::format_duration(Duration::from_secs(age.as_secs())).to_string(),
+            None if ready == Some(0) => "nothing ready".to_owned(),
+            None => unknown(),
+        };
+        println!("oldest ready  {oldest}");
         println!("open records  {open}");
     }
 }

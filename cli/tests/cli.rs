@@ -106,6 +106,10 @@ async fn on_postgres_an_operator_lists_reads_discards_replays_and_purges() {
     let again = json(&redrive(&url, &schema, &["--json", "replay", second]));
     assert_eq!(again["replayed"], false, "a second replay sends nothing");
     assert_eq!(json(&redrive(&url, &schema, &["--json", "failed", "count"]))["open_records"], 2);
+    let stats = json(&redrive(&url, &schema, &["--json", "queue", "stats"]));
+    assert_eq!((&stats["queued"], &stats["ready"], &stats["scheduled"]), (&1.into(), &1.into(), &0.into()), "{stats}");
+    assert!(stats["oldest_ready_seconds"].as_f64().is_some_and(|s| s >= 0.0), "{stats}");
+    assert_eq!(stats["open_records"], 2);
     let back = db.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::from_secs(1)).await.unwrap();
     assert_eq!(back.len(), 1, "the replayed job is queued once");
 

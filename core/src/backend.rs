@@ -474,6 +474,13 @@ pub struct Counts {
     /// Claimed and not settled yet: a handler is on them, or their lease lapsed and they have
     /// not been taken again.
     pub running: u64,
+    /// Of `queued`, those waiting for a time (a retry's delay, a deferral, a delayed send), not
+    /// ready yet. `None` where the broker cannot tell (Azure).
+    pub scheduled: Option<u64>,
+    /// How long the oldest ready job has waited since it became ready: the figure that says a
+    /// queue is falling behind. `None` when nothing is ready, or where the broker cannot tell
+    /// (SQS, Azure: read their own metrics, `ApproximateAgeOfOldestMessage` on SQS).
+    pub oldest_ready: Option<Duration>,
 }
 
 impl Counts {

@@ -41,4 +41,4 @@ pub use key::{IdempotencyKey, KeyBuilder, ProviderKey};
 pub use memory::MemoryBackend;
 pub use policy::{Backoff, Decision, Outcome, RetryPolicy};
 pub use records::{RecordStore, Taken};
-pub use worker::{Handler, RunningWorker, Worker, WorkerBuilder, WorkerConfig, WorkerStats};
+pub use worker::{Handler, RunningWorker, Worker, WorkerBuilder, WorkerConfig, WorkerStats, stop_signal};

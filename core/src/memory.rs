@@ -449,14 +449,24 @@ impl Replay for MemoryBackend {
 
 impl QueueStats for MemoryBackend {
     async fn counts(&self) -> Result<Counts> {
-        let mut counts = Counts::default();
+        let now = Instant::now();
+        let (mut counts, mut scheduled) = (Counts::default(), 0);
         for job in self.lock().jobs.values() {
             match job.status {
-                Status::Queued { .. } => counts.queued += 1,
+                Status::Queued { ready_at } if ready_at > now => {
+                    counts.queued += 1;
+                    scheduled += 1;
+                }
+                Status::Queued { ready_at } => {
+                    counts.queued += 1;
+                    let waited = now - ready_at;
+                    counts.oldest_ready = Some(counts.oldest_ready.map_or(waited, |o| o.max(waited)));
+                }
                 Status::Running { .. } => counts.running += 1,
                 Status::Done | Status::Failed => {}
             }
         }
+        counts.scheduled = Some(scheduled);
         Ok(counts)
     }
 }

@@ -593,6 +593,6 @@ impl QueueStats for AzureBackend {
         let properties =
             self.inner.source.get_properties(None).await.map_err(|e| azure(e, "read the queue's properties"))?;
         let count = properties.approximate_messages_count().map_err(|e| azure(e, "read the message count"))?;
-        Ok(Counts { queued: count.unwrap_or(0).max(0) as u64, running: 0 })
+        Ok(Counts { queued: count.unwrap_or(0).max(0) as u64, ..Counts::default() })
     }
 }

@@ -646,6 +646,13 @@ impl QueueStats for PgBackend {
     async fn counts(&self) -> Result<Counts> {
         let row = q(&self.inner.sql.queue_counts).fetch_one(&self.inner.pool).await.map_err(|e| db(e, "count jobs"))?;
         let count = |column: &str| row.get::<i64, _>(column).max(0) as u64;
-        Ok(Counts { queued: count("queued"), running: count("running") })
+        let oldest_ready =
+            row.get::<Option<f64>, _>("oldest_ready_seconds").map(|s| Duration::from_secs_f64(s.max(0.0)));
+        Ok(Counts {
+            queued: count("queued"),
+            running: count("running"),
+            scheduled: Some(count("scheduled")),
+            oldest_ready,
+        })
     }
 }

@@ -838,7 +838,8 @@ impl Renew for SqsBackend {
 impl QueueStats for SqsBackend {
     /// SQS's approximate counts of the source queue (on AWS they may lag by a minute). A message
     /// waiting out a retry's delay is invisible, so it counts as running; a message sent with a
-    /// delay counts as queued.
+    /// delay counts as queued and scheduled. SQS has no age of the oldest message in its API
+    /// (it is a CloudWatch metric), so `oldest_ready` is `None`.
     async fn counts(&self) -> Result<Counts> {
         let out = self
             .inner
@@ -853,10 +854,12 @@ impl QueueStats for SqsBackend {
             .map_err(|e| sdk(e, "read queue counts"))?;
         let attrs = out.attributes.unwrap_or_default();
         let count = |name: QueueAttributeName| attrs.get(&name).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let delayed = count(QueueAttributeName::ApproximateNumberOfMessagesDelayed);
         Ok(Counts {
-            queued: count(QueueAttributeName::ApproximateNumberOfMessages)
-                + count(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
+            queued: count(QueueAttributeName::ApproximateNumberOfMessages) + delayed,
             running: count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+            scheduled: Some(delayed),
+            oldest_ready: None,
         })
     }
 }

@@ -556,9 +556,11 @@ impl RunningWorker {
     }
 }
 
-/// SIGTERM or SIGINT (Ctrl-C elsewhere than Unix). A signal that cannot be listened for is
-/// logged, and the worker then runs until the other one comes.
-async fn stop_signal() {
+/// Resolves on SIGTERM or SIGINT (Ctrl-C elsewhere than Unix): what
+/// [`RunningWorker::run_until_signal`] waits for, for servers beside a worker (the dashboard) to
+/// stop on the same signals. A signal that cannot be listened for is logged, and the other one
+/// is waited for.
+pub async fn stop_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

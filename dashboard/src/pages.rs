@@ -1,0 +1,585 @@
+//! The routes and what each does.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use askama::Template;
+use axum::Router;
+use axum::extract::{Extension, Form, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::get;
+use axum_extra::extract::cookie::CookieJar;
+use chrono::{DateTime, Utc};
+use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+use redrive_core::{ErrorKind, FailureId, FailureQuery, FailureRecord, RecordState, ReplayOutcome, Severity};
+use serde::Deserialize;
+
+use crate::auth::csrf_refusal;
+use crate::views::{self, Action, Frame};
+use crate::{App, Csrf, Records};
+
+/// Open records an overview or a bulk replay reads at most.
+const READ_AT_MOST: usize = 10_000;
+/// Records per list page.
+const PAGE: usize = 50;
+
+type Shared<B> = State<Arc<App<B>>>;
+
+pub(crate) fn routes<B: Records>() -> Router<Arc<App<B>>> {
+    Router::new()
+        .route("/", get(overview::<B>))
+        .route("/records", get(records::<B>))
+        .route("/records/{id}", get(record::<B>))
+        .route("/records/{id}/replay", get(confirm_replay::<B>).post(replay::<B>))
+        .route("/records/{id}/discard", get(confirm_discard::<B>).post(discard::<B>))
+        .route("/replay", get(confirm_bulk::<B>).post(bulk::<B>))
+        .route("/replays/{number}", get(progress::<B>))
+        .route("/audit", get(audit::<B>))
+        .route("/login", get(login_page::<B>).post(login::<B>))
+}
+
+/// `text` percent-encoded for a path segment or a query value.
+pub(crate) fn encode(text: &str) -> String {
+    utf8_percent_encode(text, NON_ALPHANUMERIC).to_string()
+}
+
+fn frame(title: impl Into<String>) -> Frame {
+    Frame { title: title.into() }
+}
+
+fn render(status: StatusCode, page: impl Template) -> Response {
+    match page.render() {
+        Ok(html) => (status, Html(html)).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "a dashboard page did not render");
+            (StatusCode::INTERNAL_SERVER_ERROR, "the page did not render\n").into_response()
+        }
+    }
+}
+
+fn problem(status: StatusCode, message: impl Into<String>) -> Response {
+    render(status, views::Problem { frame: frame("Problem"), message: message.into() })
+}
+
+fn failed(e: redrive_core::Error) -> Response {
+    let status = match e.kind() {
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::InvalidName | ErrorKind::InvalidKey => StatusCode::BAD_REQUEST,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    problem(status, e.to_string())
+}
+
+/// A list's filters, as the pages' links and forms send them. Empty fields mean "any".
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct Filter {
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    severity: String,
+    /// `open` (the default), `closed` or `all`.
+    #[serde(default)]
+    state: String,
+    /// An age: `2h`, `7d`.
+    #[serde(default)]
+    older_than: String,
+    #[serde(default)]
+    after: String,
+}
+
+impl Filter {
+    fn severity(&self) -> Result<Option<Severity>, String> {
+        match self.severity.as_str() {
+            "" => Ok(None),
+            "warning" => Ok(Some(Severity::Warning)),
+            "error" => Ok(Some(Severity::Error)),
+            "critical" => Ok(Some(Severity::Critical)),
+            other => Err(format!("no severity {other:?}: warning, error or critical")),
+        }
+    }
+
+    fn query(&self, limit: usize) -> Result<FailureQuery, String> {
+        let open = match self.state.as_str() {
+            "" | "open" => Some(true),
+            "closed" => Some(false),
+            "all" => None,
+            other => return Err(format!("no state {other:?}: open, closed or all")),
+        };
+        let failed_before = match self.older_than.trim() {
+            "" => None,
+            age => {
+                let age = humantime::parse_duration(age).map_err(|e| format!("the age {age:?}: {e}"))?;
+                Some(Utc::now() - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX))
+            }
+        };
+        Ok(FailureQuery {
+            kind: (!self.kind.is_empty()).then(|| self.kind.clone()),
+            open,
+            failed_before,
+            after: (!self.after.is_empty()).then(|| FailureId(self.after.clone())),
+            limit,
+            ..FailureQuery::default()
+        })
+    }
+
+    /// The filter in words, for a heading.
+    fn describe(&self) -> String {
+        let state = match self.state.as_str() {
+            "" | "open" => "open",
+            "closed" => "closed",
+            _ => "all",
+        };
+        let mut text = format!("{state} records");
+        if !self.kind.is_empty() {
+            text += &format!(" of kind {}", self.kind);
+        }
+        if !self.severity.is_empty() {
+            text += &format!(", severity {}", self.severity);
+        }
+        if !self.older_than.is_empty() {
+            text += &format!(", last failed over {} ago", self.older_than.trim());
+        }
+        text
+    }
+
+    fn query_string(&self, after: Option<&str>) -> String {
+        let mut pairs = vec![("kind", self.kind.as_str()), ("severity", &self.severity), ("state", &self.state)];
+        pairs.push(("older_than", &self.older_than));
+        pairs.push(("after", after.unwrap_or_default()));
+        pairs
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| format!("{k}={}", encode(v)))
+            .collect::<Vec<_>>()
+            .join("&")
+    }
+}
+
+/// Every record matching `filter` (its severity applied here: the stores do not index it), up
+/// to `at_most`; and whether there were more.
+async fn matching<B: Records>(
+    app: &App<B>,
+    filter: &Filter,
+    at_most: usize,
+) -> Result<(Vec<FailureRecord>, bool), Response> {
+    let severity = filter.severity().map_err(|m| problem(StatusCode::BAD_REQUEST, m))?;
+    let mut query = filter.query(500).map_err(|m| problem(StatusCode::BAD_REQUEST, m))?;
+    let mut found = Vec::new();
+    loop {
+        let page = app.backend.list(&query).await.map_err(|e| failed(e))?;
+        let full = page.len() == query.limit;
+        query.after = page.last().map(|r| r.id.clone());
+        found.extend(page.into_iter().filter(|r| severity.is_none_or(|s| r.severity == s)));
+        if found.len() > at_most {
+            found.truncate(at_most);
+            return Ok((found, true));
+        }
+        if !full {
+            return Ok((found, false));
+        }
+    }
+}
+
+/// The last time an open record failed, of the oldest open one.
+async fn oldest_open<B: Records>(app: &App<B>) -> redrive_core::Result<Option<DateTime<Utc>>> {
+    let first = app.backend.list(&FailureQuery { limit: 1, ..FailureQuery::open() }).await?;
+    Ok(first.first().map(|r| r.last_failed_at))
+}
+
+async fn overview<B: Records>(State(app): Shared<B>) -> Response {
+    let (counts, open, oldest) =
+        match tokio::try_join!(app.backend.counts(), app.backend.count_open(), oldest_open(&app)) {
+            Ok(figures) => figures,
+            Err(e) => return failed(e),
+        };
+    let (records, truncated) = match matching(&app, &Filter::default(), READ_AT_MOST).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    let mut groups: BTreeMap<(std::cmp::Reverse<Severity>, String), (usize, DateTime<Utc>, DateTime<Utc>)> =
+        BTreeMap::new();
+    for r in &records {
+        let at = r.last_failed_at;
+        let group = groups.entry((std::cmp::Reverse(r.severity), r.kind.clone())).or_insert((0, at, at));
+        group.0 += 1;
+        group.1 = group.1.min(at);
+        group.2 = group.2.max(at);
+    }
+    let groups = groups
+        .into_iter()
+        .map(|((severity, kind), (count, oldest, newest))| views::Group {
+            kind,
+            severity: views::severity_name(severity.0),
+            count,
+            oldest: views::age(oldest),
+            newest: views::age(newest),
+        })
+        .collect();
+    render(
+        StatusCode::OK,
+        views::Overview {
+            frame: frame("Failure records"),
+            depth: views::depth(&counts, open, oldest),
+            groups,
+            truncated: truncated.then_some(READ_AT_MOST),
+        },
+    )
+}
+
+async fn records<B: Records>(State(app): Shared<B>, Query(filter): Query<Filter>) -> Response {
+    let severity = match filter.severity() {
+        Ok(s) => s,
+        Err(m) => return problem(StatusCode::BAD_REQUEST, m),
+    };
+    let query = match filter.query(PAGE) {
+        Ok(q) => q,
+        Err(m) => return problem(StatusCode::BAD_REQUEST, m),
+    };
+    let page = match app.backend.list(&query).await {
+        Ok(page) => page,
+        Err(e) => return failed(e),
+    };
+    let next = (page.len() == PAGE).then(|| filter.query_string(page.last().map(|r| r.id.0.as_str())));
+    let rows = page.iter().filter(|r| severity.is_none_or(|s| r.severity == s)).map(views::Row::of).collect();
+    let open = matches!(filter.state.as_str(), "" | "open");
+    let bulk = open.then(|| Filter { after: String::new(), ..filter.clone() }.query_string(None));
+    render(StatusCode::OK, views::RecordList { frame: frame("Records"), filter: filter.describe(), rows, next, bulk })
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Notice {
+    #[serde(default)]
+    done: String,
+}
+
+async fn record<B: Records>(State(app): Shared<B>, Path(id): Path<String>, Query(notice): Query<Notice>) -> Response {
+    let record = match app.backend.get(&FailureId(id)).await {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    let notice = match notice.done.as_str() {
+        "replayed" => Some("Replayed: the job is back on the queue with its original keys.".to_owned()),
+        "closed" => Some("Already closed: nothing was sent again.".to_owned()),
+        "discarded" => Some("Discarded.".to_owned()),
+        _ => None,
+    };
+    let title = format!("Record {}", record.id);
+    render(StatusCode::OK, views::RecordPage { frame: frame(title), r: views::RecordView::of(&record), notice })
+}
+
+async fn confirm_replay<B: Records>(
+    State(app): Shared<B>,
+    Path(id): Path<String>,
+    Extension(csrf): Extension<Csrf>,
+) -> Response {
+    match app.backend.get(&FailureId(id)).await {
+        Ok(r) => render(
+            StatusCode::OK,
+            views::ConfirmReplay { frame: frame("Replay"), r: views::RecordView::of(&r), csrf: csrf.0 },
+        ),
+        Err(e) => failed(e),
+    }
+}
+
+async fn confirm_discard<B: Records>(
+    State(app): Shared<B>,
+    Path(id): Path<String>,
+    Extension(csrf): Extension<Csrf>,
+) -> Response {
+    match app.backend.get(&FailureId(id)).await {
+        Ok(r) => render(
+            StatusCode::OK,
+            views::ConfirmDiscard { frame: frame("Discard"), r: views::RecordView::of(&r), csrf: csrf.0 },
+        ),
+        Err(e) => failed(e),
+    }
+}
+
+/// A form post's common fields.
+#[derive(Debug, Deserialize)]
+struct Act {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    by: String,
+    #[serde(default)]
+    reason: String,
+}
+
+fn note<B>(app: &App<B>, by: &str, what: String, record: Option<&FailureId>) {
+    let action = Action { at: Utc::now(), by: by.to_owned(), what, record: record.map(|id| id.0.clone()) };
+    app.actions.lock().unwrap_or_else(|e| e.into_inner()).push(action);
+}
+
+/// Refuses a post without CSRF token or name: the response to send instead.
+fn refuse(headers: &HeaderMap, jar: &CookieJar, form: &Act) -> Option<Response> {
+    if let Some(why) = csrf_refusal(headers, jar, &form.csrf) {
+        tracing::warn!(why, "dashboard refused a form post");
+        return Some(problem(StatusCode::FORBIDDEN, format!("Refused {why}.")));
+    }
+    if form.by.trim().is_empty() {
+        return Some(problem(StatusCode::UNPROCESSABLE_ENTITY, "Give your name: it goes in the audit trail."));
+    }
+    None
+}
+
+async fn replay<B: Records>(
+    State(app): Shared<B>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    jar: CookieJar,
+    Form(form): Form<Act>,
+) -> Response {
+    if let Some(refused) = refuse(&headers, &jar, &form) {
+        return refused;
+    }
+    let id = FailureId(id);
+    let by = form.by.trim();
+    let done = match app.backend.replay(&id).await {
+        Ok(ReplayOutcome::Replayed(job)) => {
+            tracing::info!(record = %id, job = %job, by, "replayed from the dashboard");
+            note(&app, by, "replayed".into(), Some(&id));
+            "replayed"
+        }
+        Ok(ReplayOutcome::AlreadyClosed(_)) => "closed",
+        Err(e) => return failed(e),
+    };
+    Redirect::to(&format!("/records/{}?done={done}", encode(&id.0))).into_response()
+}
+
+async fn discard<B: Records>(
+    State(app): Shared<B>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    jar: CookieJar,
+    Form(form): Form<Act>,
+) -> Response {
+    if let Some(refused) = refuse(&headers, &jar, &form) {
+        return refused;
+    }
+    let reason = form.reason.trim();
+    if reason.is_empty() {
+        return problem(StatusCode::UNPROCESSABLE_ENTITY, "Give a reason: it stays with the record.");
+    }
+    let id = FailureId(id);
+    let by = form.by.trim();
+    if let Err(e) = app.backend.discard(&id, reason, by).await {
+        return failed(e);
+    }
+    tracing::info!(record = %id, by, "discarded from the dashboard");
+    note(&app, by, format!("discarded: {reason}"), Some(&id));
+    Redirect::to(&format!("/records/{}?done=discarded", encode(&id.0))).into_response()
+}
+
+async fn confirm_bulk<B: Records>(
+    State(app): Shared<B>,
+    Query(filter): Query<Filter>,
+    Extension(csrf): Extension<Csrf>,
+) -> Response {
+    let filter = Filter { state: "open".into(), after: String::new(), ..filter };
+    let (found, _) = match matching(&app, &filter, READ_AT_MOST).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    render(
+        StatusCode::OK,
+        views::BulkConfirm {
+            frame: frame("Bulk replay"),
+            filter: filter.describe(),
+            count: found.len(),
+            kind: filter.kind,
+            severity: filter.severity,
+            older_than: filter.older_than,
+            csrf: csrf.0,
+        },
+    )
+}
+
+#[derive(Debug, Deserialize)]
+struct BulkForm {
+    #[serde(flatten)]
+    act: Act,
+    #[serde(flatten)]
+    filter: Filter,
+    #[serde(default)]
+    rate: String,
+}
+
+async fn bulk<B: Records>(
+    State(app): Shared<B>,
+    headers: HeaderMap,
+    jar: CookieJar,
+    Form(form): Form<BulkForm>,
+) -> Response {
+    if let Some(refused) = refuse(&headers, &jar, &form.act) {
+        return refused;
+    }
+    let rate = match form.rate.trim().parse::<u32>() {
+        Ok(rate) if (1..=1000).contains(&rate) => rate,
+        _ => return problem(StatusCode::UNPROCESSABLE_ENTITY, "The rate is replays a second, 1 to 1000."),
+    };
+    let filter = Filter { state: "open".into(), after: String::new(), ..form.filter };
+    // Every page first, then the replays: a replayed record closes, which would shift the pages.
+    let (found, _) = match matching(&app, &filter, READ_AT_MOST).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    if found.is_empty() {
+        return problem(StatusCode::NOT_FOUND, format!("No {} to replay.", filter.describe()));
+    }
+    let by = form.act.by.trim().to_owned();
+    let described = filter.describe();
+    tracing::info!(records = found.len(), rate, by, "bulk replay started from the dashboard");
+    note(&app, &by, format!("started a bulk replay of {} {described} at {rate}/s", found.len()), None);
+    let ids = found.into_iter().map(|r| r.id).collect();
+    let number = app.bulk.start(app.clone(), ids, rate, described, by);
+    Redirect::to(&format!("/replays/{number}")).into_response()
+}
+
+async fn progress<B: Records>(State(app): Shared<B>, Path(number): Path<usize>) -> Response {
+    let Some(run) = app.bulk.get(number) else {
+        return problem(StatusCode::NOT_FOUND, "No such bulk replay (they are kept while the dashboard runs).");
+    };
+    let failure = run.failure.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    render(
+        StatusCode::OK,
+        views::Progress {
+            frame: frame(format!("Bulk replay {number}")),
+            filter: run.filter.clone(),
+            by: run.by.clone(),
+            total: run.total,
+            replayed: run.replayed.load(Ordering::Relaxed),
+            closed: run.closed.load(Ordering::Relaxed),
+            failure,
+            running: !run.finished.load(Ordering::Acquire),
+        },
+    )
+}
+
+async fn audit<B: Records>(State(app): Shared<B>) -> Response {
+    let actions = {
+        let actions = app.actions.lock().unwrap_or_else(|e| e.into_inner());
+        actions
+            .iter()
+            .rev()
+            .map(|a| views::ActionLine {
+                at: views::time(a.at),
+                by: a.by.clone(),
+                what: a.what.clone(),
+                record: a.record.clone(),
+            })
+            .collect()
+    };
+    let closed_filter = Filter { state: "closed".into(), ..Filter::default() };
+    let (mut closed, truncated) = match matching(&app, &closed_filter, READ_AT_MOST).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    let closed_at = |r: &FailureRecord| match &r.state {
+        RecordState::Replayed { at } | RecordState::Discarded { at, .. } => *at,
+        RecordState::Open => r.last_failed_at,
+    };
+    closed.sort_by_key(|r| std::cmp::Reverse(closed_at(r)));
+    let closed = closed
+        .iter()
+        .map(|r| views::Closed {
+            id: r.id.0.clone(),
+            kind: r.kind.clone(),
+            key: r.key.to_string(),
+            at: views::time(closed_at(r)),
+            what: match &r.state {
+                RecordState::Discarded { reason, actor, .. } => format!("discarded by {actor}: {reason}"),
+                _ => "replayed".into(),
+            },
+        })
+        .collect();
+    render(
+        StatusCode::OK,
+        views::Audit { frame: frame("Audit trail"), actions, closed, truncated: truncated.then_some(READ_AT_MOST) },
+    )
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Next {
+    #[serde(default)]
+    next: String,
+}
+
+/// Where to go after signing in: a path on this dashboard, nothing else.
+fn local_path(next: &str) -> String {
+    if next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') {
+        next.to_owned()
+    } else {
+        "/".to_owned()
+    }
+}
+
+async fn login_page<B: Records>(
+    State(app): Shared<B>,
+    Query(next): Query<Next>,
+    Extension(csrf): Extension<Csrf>,
+) -> Response {
+    if !app.auth.required() {
+        return Redirect::to("/").into_response();
+    }
+    let page = views::Login { frame: frame("Sign in"), csrf: csrf.0, next: local_path(&next.next), refused: false };
+    render(StatusCode::OK, page)
+}
+
+#[derive(Debug, Deserialize)]
+struct LoginForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    next: String,
+}
+
+async fn login<B: Records>(
+    State(app): Shared<B>,
+    headers: HeaderMap,
+    jar: CookieJar,
+    Extension(csrf): Extension<Csrf>,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    if let Some(why) = csrf_refusal(&headers, &jar, &form.csrf) {
+        return problem(StatusCode::FORBIDDEN, format!("Refused {why}."));
+    }
+    match app.auth.sign_in(&form.token) {
+        Some(cookie) => (jar.add(cookie), Redirect::to(&local_path(&form.next))).into_response(),
+        None => {
+            tracing::warn!("dashboard sign-in refused");
+            let page =
+                views::Login { frame: frame("Sign in"), csrf: csrf.0, next: local_path(&form.next), refused: true };
+            render(StatusCode::UNAUTHORIZED, page)
+        }
+    }
+}
+
+/// Prometheus text: the queue's depth, the open records and the oldest one's age, read now,
+/// with whatever else the process records (a worker's counters).
+pub(crate) async fn metrics<B: Records>(State(app): Shared<B>) -> Response {
+    let Some(handle) = &app.metrics else {
+        return (StatusCode::NOT_FOUND, "metrics are off: give the dashboard a Prometheus handle\n").into_response();
+    };
+    let (counts, open, oldest) =
+        match tokio::try_join!(app.backend.counts(), app.backend.count_open(), oldest_open(&app)) {
+            Ok(figures) => figures,
+            Err(e) => return (StatusCode::BAD_GATEWAY, format!("{e}\n")).into_response(),
+        };
+    metrics::gauge!("redrive_queue_jobs", "state" => "queued").set(counts.queued as f64);
+    metrics::gauge!("redrive_queue_jobs", "state" => "running").set(counts.running as f64);
+    if let Some(scheduled) = counts.scheduled {
+        metrics::gauge!("redrive_queue_jobs", "state" => "scheduled").set(scheduled as f64);
+    }
+    metrics::gauge!("redrive_oldest_ready_job_seconds")
+        .set(counts.oldest_ready.unwrap_or(Duration::ZERO).as_secs_f64());
+    metrics::gauge!("redrive_open_records").set(open as f64);
+    let oldest = oldest.map_or(0.0, |at| (Utc::now() - at).num_milliseconds().max(0) as f64 / 1000.0);
+    metrics::gauge!("redrive_oldest_open_record_seconds").set(oldest);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response()
+}

@@ -1,0 +1,152 @@
+//! The dashboard over HTTP, on PostgreSQL: what an operator sees and does, and what it refuses
+//! (a form post without its CSRF token or from another site, a request without the token).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{csrf, database, fail, job, serve};
+use redrive_core::{DeadLetter, FailureQuery, QueueStats, RecordState, Severity};
+use redrive_dashboard::Dashboard;
+use reqwest::StatusCode;
+use reqwest::redirect::Policy;
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().cookie_store(true).redirect(Policy::none()).build().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_reads_discards_and_replays_and_forged_posts_are_refused() {
+    let db = database().await;
+    fail(&db, (1..=3).map(|n| job("ship", n, Severity::Error)).collect(), "carrier said <no>").await;
+    fail(&db, vec![job("charge", 9, Severity::Critical)], "card declined").await;
+    let records = db.list(&FailureQuery::open()).await.unwrap();
+    let url = serve(Dashboard::new(db.clone())).await;
+    let http = client();
+
+    // The overview: depth, and the open records grouped by kind and severity, critical first.
+    let page = http.get(format!("{url}/")).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(page.headers()["content-security-policy"].to_str().unwrap().contains("default-src 'none'"));
+    let page = page.text().await.unwrap();
+    let (charge, ship) = (page.find(">charge<").expect("charge listed"), page.find(">ship<").expect("ship listed"));
+    assert!(charge < ship, "critical first: {page}");
+    assert!(page.contains("<th>open records</th><td class=\"n\">4</td>"), "{page}");
+
+    // One record: the payload and the error escaped, never markup.
+    let id = &records[0].id.0;
+    let page = http.get(format!("{url}/records/{id}")).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("&#60;b&#62;parcel&#60;/b&#62; 1") && !page.contains("<b>parcel"), "{page}");
+    assert!(page.contains("carrier said &#60;no&#62;"), "{page}");
+    let missing = http.get(format!("{url}/records/4242424242")).send().await.unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+
+    // Forged discards: no token, a wrong token, another site. The record stays open.
+    let confirm = http.get(format!("{url}/records/{id}/discard")).send().await.unwrap().text().await.unwrap();
+    let token = csrf(&confirm);
+    let discard = format!("{url}/records/{id}/discard");
+    let form = |csrf: &str| vec![("csrf", csrf.to_owned()), ("reason", "refunded".into()), ("by", "ada".into())];
+    let refused = [
+        http.post(&discard).form(&form("")).send().await.unwrap(),
+        http.post(&discard).form(&form(&"0".repeat(64))).send().await.unwrap(),
+        http.post(&discard).header("sec-fetch-site", "cross-site").form(&form(&token)).send().await.unwrap(),
+        http.post(&discard).header("origin", "http://evil.example").form(&form(&token)).send().await.unwrap(),
+        client().post(&discard).form(&form(&token)).send().await.unwrap(), // a browser without the cookie
+    ];
+    for response in refused {
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    }
+    assert!(db.get(&records[0].id).await.unwrap().state.is_open(), "nothing forged took effect");
+    let no_reason = http.post(&discard).form(&[("csrf", token.as_str()), ("by", "ada")]).send().await.unwrap();
+    assert_eq!(no_reason.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+    // The real discard, with reason and name.
+    let done = http.post(&discard).form(&form(&token)).send().await.unwrap();
+    assert_eq!(done.status(), StatusCode::SEE_OTHER);
+    match db.get(&records[0].id).await.unwrap().state {
+        RecordState::Discarded { reason, actor, .. } => {
+            assert_eq!((reason.as_str(), actor.as_str()), ("refunded", "ada"))
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A replay: the job is back once; a second post sends nothing.
+    let second = &records[1].id.0;
+    let replay = format!("{url}/records/{second}/replay");
+    let confirm = http.get(&replay).send().await.unwrap().text().await.unwrap();
+    assert!(confirm.contains("Replay this job"), "{confirm}");
+    let form = [("csrf", token.as_str()), ("by", "grace")];
+    let done = http.post(&replay).form(&form).send().await.unwrap();
+    assert_eq!(done.headers()["location"], format!("/records/{second}?done=replayed").as_str());
+    let again = http.post(&replay).form(&form).send().await.unwrap();
+    assert_eq!(again.headers()["location"], format!("/records/{second}?done=closed").as_str());
+    assert_eq!(db.counts().await.unwrap().queued, 1, "replayed once");
+
+    // The audit trail names both.
+    let audit = http.get(format!("{url}/audit")).send().await.unwrap().text().await.unwrap();
+    assert!(
+        audit.contains("discarded by ada: refunded") && audit.contains("<td>grace</td><td>replayed</td>"),
+        "{audit}"
+    );
+
+    // A bulk replay of the filter, at a capped rate, with its progress page.
+    let bulk = http.get(format!("{url}/replay?kind=ship")).send().await.unwrap().text().await.unwrap();
+    assert!(bulk.contains("1 open records of kind ship"), "{bulk}");
+    let started = http
+        .post(format!("{url}/replay"))
+        .form(&[("csrf", token.as_str()), ("by", "ada"), ("kind", "ship"), ("rate", "5")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(started.status(), StatusCode::SEE_OTHER);
+    let progress = format!("{url}{}", started.headers()["location"].to_str().unwrap());
+    for _ in 0..50 {
+        let page = http.get(&progress).send().await.unwrap().text().await.unwrap();
+        if page.contains("Done.") {
+            assert!(page.contains("id=\"replayed\">1<"), "{page}");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(db.count_open().await.unwrap(), 1, "the critical one is left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_loopback_it_needs_a_token_and_without_one_every_page_asks_for_it() {
+    let db = database().await;
+    fail(&db, vec![job("ship", 1, Severity::Error)], "carrier said no").await;
+
+    let anywhere = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let refused = Dashboard::new(db.clone()).serve(anywhere, std::future::pending()).await;
+    assert_eq!(refused.unwrap_err().kind(), redrive_core::ErrorKind::Config, "no token, not beyond loopback");
+    assert!(Dashboard::new(db.clone()).with_token("short").is_err(), "a token is 16 characters at least");
+
+    let token = "correct-horse-battery-staple";
+    let url = serve(Dashboard::new(db.clone()).with_token(token).unwrap()).await;
+    let http = client();
+    let id = &db.list(&FailureQuery::open()).await.unwrap()[0].id.0;
+    for path in ["/", "/records", &format!("/records/{id}"), "/audit"] {
+        let page = http.get(format!("{url}{path}")).send().await.unwrap();
+        assert_eq!(page.status(), StatusCode::SEE_OTHER, "{path}");
+        assert!(page.headers()["location"].to_str().unwrap().starts_with("/login?next="));
+    }
+    let post = http.post(format!("{url}/records/{id}/discard")).form(&[("reason", "x"), ("by", "y")]).send().await;
+    assert_eq!(post.unwrap().status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(http.get(format!("{url}/metrics")).send().await.unwrap().status(), StatusCode::UNAUTHORIZED);
+
+    // Signing in: a wrong token is refused, the right one opens the pages.
+    let login = http.get(format!("{url}/login?next=/audit")).send().await.unwrap().text().await.unwrap();
+    let csrf = csrf(&login);
+    let wrong = [("csrf", csrf.as_str()), ("token", "not-the-token-at-all"), ("next", "/audit")];
+    assert_eq!(http.post(format!("{url}/login")).form(&wrong).send().await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let outside = [("csrf", csrf.as_str()), ("token", token), ("next", "//evil.example/")];
+    let signed_in = http.post(format!("{url}/login")).form(&outside).send().await.unwrap();
+    assert_eq!(signed_in.headers()["location"], "/", "never sent to another site");
+    let page = http.get(format!("{url}/records/{id}")).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(page.text().await.unwrap().contains("carrier said no"));
+
+    // A scraper sends the token as a bearer token (metrics are off here: 404, not 401).
+    let scrape = reqwest::Client::new().get(format!("{url}/metrics")).bearer_auth(token).send().await.unwrap();
+    assert_eq!(scrape.status(), StatusCode::NOT_FOUND);
+}
