@@ -153,7 +153,8 @@ async fn guard<B: Records>(
     if fresh && let Ok(value) = HeaderValue::from_str(&auth::strict_cookie(CSRF_COOKIE, csrf).to_string()) {
         headers.append(header::SET_COOKIE, value);
     }
-    // No scripts, no frames, no caching of payloads, no referrer leaking record ids.
+    // No scripts, no frames, no caching of payloads, no referrer leaking record ids to other
+    // sites (`no-referrer` would make browsers send `Origin: null` on our own forms).
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(
@@ -161,7 +162,7 @@ async fn guard<B: Records>(
         ),
     );
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }

@@ -1,0 +1,121 @@
+//! The dashboard (`redrive serve`) in a real browser: Debian's chromium driven by
+//! playwright-core, both installed by `scripts/services`, over PostgreSQL. The script
+//! (tests/browser/dashboard.cjs) signs in, reads, discards one record and replays another; this
+//! test checks the results in the database. Screenshots land in
+//! `$CARGO_TARGET_TMPDIR/dashboard-screenshots`. A missing browser fails the test; it never skips.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use redrive_core::{Claim, DeadLetter, Enqueue, FailureId, IdempotencyKey, Kinds, NewJob, RecordState, Severity};
+use redrive_postgres::{PgBackend, PgConfig};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+async fn database() -> PgBackend {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    let schema = format!("rdt_{}_{}_{nanos:x}_ui", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+    let backend = PgBackend::connect(PgConfig::new(database_url()).with_schema(schema).with_max_connections(3))
+        .await
+        .expect("PostgreSQL is required (run scripts/test)");
+    backend.migrate().await.expect("migrate");
+    backend
+}
+
+fn job(kind: &str, n: u32, severity: Severity) -> NewJob {
+    let key = IdempotencyKey::builder(kind).fact("n", n).build().unwrap();
+    let payload = serde_json::json!({ "n": n, "note": "<script>alert(\"payload\")</script>" });
+    let mut job = NewJob::new(kind, key, payload).unwrap();
+    job.severity = severity;
+    job
+}
+
+/// `redrive serve` on a free loopback port, killed when dropped.
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(schema: &str, token: &str) -> (Served, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["--backend", &database_url(), "--schema", schema, "serve", "--bind", "127.0.0.1:0"])
+        .env("REDRIVE_DASHBOARD_TOKEN", token)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the redrive binary runs");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| line.split_once("the dashboard is on ").map(|(_, url)| url.trim().to_owned()))
+        .expect("redrive serve says where it listens");
+    // Keep reading, so the server never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (Served(child), url)
+}
+
+fn tool(name: &str, default: &str) -> String {
+    let value = std::env::var(name).unwrap_or_else(|_| default.into());
+    assert!(std::path::Path::new(&value).exists(), "{name}={value} is missing: run scripts/services start");
+    value
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_signs_in_reads_discards_and_replays_in_chromium() {
+    let chromium = tool("REDRIVE_CHROMIUM", "/usr/bin/chromium");
+    let playwright = tool("REDRIVE_PLAYWRIGHT", "/var/cache/redrive-tools/browser/node_modules");
+    let db = database().await;
+    let mut jobs: Vec<NewJob> = (1..=3).map(|n| job("ship", n, Severity::Error)).collect();
+    jobs.push(job("charge", 9, Severity::Critical));
+    db.enqueue_batch(jobs).await.unwrap();
+    for claimed in db.claim(&Kinds::Any, 4, Duration::from_secs(30), Duration::from_secs(1)).await.unwrap() {
+        db.dead_letter(&claimed, "carrier said no").await.unwrap();
+    }
+
+    let token = "browser-test-token-0123456789";
+    let (_served, url) = serve(db.schema(), token);
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/dashboard.cjs");
+    let run = tokio::process::Command::new("node")
+        .arg(script)
+        .env("DASHBOARD", &url)
+        .env("TOKEN", token)
+        .env("REDRIVE_CHROMIUM", chromium)
+        .env("REDRIVE_PLAYWRIGHT", playwright)
+        .env("SCREENSHOTS", &shots)
+        .output();
+    let out =
+        tokio::time::timeout(Duration::from_secs(120), run).await.expect("the browser finishes").expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the browser script failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let done: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
+
+    // What the clicks did, read from the database.
+    let discarded = db.get(&FailureId(done["discarded"].as_str().unwrap().into())).await.unwrap();
+    match discarded.state {
+        RecordState::Discarded { reason, actor, .. } => {
+            assert_eq!((reason.as_str(), actor.as_str()), ("refunded by hand", "ada"))
+        }
+        other => panic!("not discarded: {other:?}"),
+    }
+    let replayed = db.get(&FailureId(done["replayed"].as_str().unwrap().into())).await.unwrap();
+    assert!(matches!(replayed.state, RecordState::Replayed { .. }), "{:?}", replayed.state);
+    let back = db.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::from_secs(1)).await.unwrap();
+    assert_eq!(back.len(), 1, "one job back on the queue");
+    assert_eq!(back[0].job.key, replayed.key, "with its original key");
+    assert_eq!(db.count_open().await.unwrap(), 2);
+    for name in ["02-overview", "04-record", "06-discarded", "08-replayed", "09-audit"] {
+        assert!(shots.join(format!("{name}.png")).exists(), "screenshot {name}");
+    }
+}
