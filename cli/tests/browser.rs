@@ -4,29 +4,13 @@
 //! test checks the results in the database. Screenshots land in
 //! `$CARGO_TARGET_TMPDIR/dashboard-screenshots`. A missing browser fails the test; it never skips.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+mod common;
+
 use std::time::Duration;
 
+use common::{database, database_url, serve};
+
 use redrive_core::{Claim, DeadLetter, Enqueue, FailureId, IdempotencyKey, Kinds, NewJob, RecordState, Severity};
-use redrive_postgres::{PgBackend, PgConfig};
-
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-async fn database() -> PgBackend {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-    let schema = format!("rdt_{}_{}_{nanos:x}_ui", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-    let backend = PgBackend::connect(PgConfig::new(database_url()).with_schema(schema).with_max_connections(3))
-        .await
-        .expect("PostgreSQL is required (run scripts/test)");
-    backend.migrate().await.expect("migrate");
-    backend
-}
 
 fn job(kind: &str, n: u32, severity: Severity) -> NewJob {
     let key = IdempotencyKey::builder(kind).fact("n", n).build().unwrap();
@@ -34,34 +18,6 @@ fn job(kind: &str, n: u32, severity: Severity) -> NewJob {
     let mut job = NewJob::new(kind, key, payload).unwrap();
     job.severity = severity;
     job
-}
-
-/// `redrive serve` on a free loopback port, killed when dropped.
-struct Served(Child);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(schema: &str, token: &str) -> (Served, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args(["--backend", &database_url(), "--schema", schema, "serve", "--bind", "127.0.0.1:0"])
-        .env("REDRIVE_DASHBOARD_TOKEN", token)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the redrive binary runs");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|line| line.split_once("the dashboard is on ").map(|(_, url)| url.trim().to_owned()))
-        .expect("redrive serve says where it listens");
-    // Keep reading, so the server never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    (Served(child), url)
 }
 
 fn tool(name: &str, default: &str) -> String {
@@ -83,7 +39,7 @@ async fn an_operator_signs_in_reads_discards_and_replays_in_chromium() {
     }
 
     let token = "browser-test-token-0123456789";
-    let (_served, url) = serve(db.schema(), token);
+    let (_served, url) = serve(&database_url(), db.schema(), Some(token));
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/dashboard.cjs");

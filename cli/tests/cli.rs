@@ -2,49 +2,21 @@
 //! (moto) with its records in PostgreSQL, both started by `scripts/services`. A missing service
 //! fails the test; it never skips.
 
+mod common;
+
 use std::process::Output;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{database, database_url, redrive_command, sqs_endpoint};
+
 use redrive_core::{Claim, Enqueue, FailureRecord, IdempotencyKey, Kinds, NewJob, RecordStore, Severity};
-use redrive_postgres::{PgBackend, PgConfig};
+use redrive_postgres::PgBackend;
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
 use serde_json::Value;
 
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-/// A migrated schema of its own (named so that the Postgres tests' clean-up drops it later).
-async fn database() -> PgBackend {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-    let schema = format!("rdt_{}_{}_{nanos:x}_cli", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-    let backend = PgBackend::connect(PgConfig::new(database_url()).with_schema(schema).with_max_connections(3))
-        .await
-        .expect("PostgreSQL is required (run scripts/test)");
-    backend.migrate().await.expect("migrate");
-    backend
-}
-
-fn sqs_endpoint() -> String {
-    std::env::var("REDRIVE_SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".into())
-}
-
-/// Runs `redrive ARGS` against `backend` (and its records in `schema`), with the environment
-/// an operator would have: the database, and AWS's (moto's) for SQS.
+/// Runs `redrive ARGS` against `backend` (and its records in `schema`).
 fn redrive(backend: &str, schema: &str, args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args(["--backend", backend, "--schema", schema])
-        .args(args)
-        .env("DATABASE_URL", database_url())
-        .env("REDRIVE_SQS_ENDPOINT", sqs_endpoint())
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .output()
-        .expect("the redrive binary runs")
+    redrive_command(backend, schema).args(args).output().expect("the redrive binary runs")
 }
 
 fn json(out: &Output) -> Value {

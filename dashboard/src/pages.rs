@@ -13,7 +13,7 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum_extra::extract::cookie::CookieJar;
 use chrono::{DateTime, Utc};
-use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use redrive_core::{ErrorKind, FailureId, FailureQuery, FailureRecord, RecordState, ReplayOutcome, Severity};
 use serde::Deserialize;
 
@@ -41,9 +41,12 @@ pub(crate) fn routes<B: Records>() -> Router<Arc<App<B>>> {
         .route("/login", get(login_page::<B>).post(login::<B>))
 }
 
+/// What a path segment or a query value keeps as is: RFC 3986's unreserved characters.
+const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
 /// `text` percent-encoded for a path segment or a query value.
 pub(crate) fn encode(text: &str) -> String {
-    utf8_percent_encode(text, NON_ALPHANUMERIC).to_string()
+    utf8_percent_encode(text, UNRESERVED).to_string()
 }
 
 fn frame(title: impl Into<String>) -> Frame {

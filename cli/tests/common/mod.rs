@@ -1,0 +1,83 @@
+//! What the command's tests share: a PostgreSQL schema of their own, moto's SQS endpoint, and
+//! `redrive serve` as a child process.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use redrive_postgres::{PgBackend, PgConfig};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+pub fn unique() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    format!("{}_{}_{nanos:x}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A migrated schema of its own (named so that the Postgres tests' clean-up drops it later).
+pub async fn database() -> PgBackend {
+    let schema = format!("rdt_{}_cli", unique());
+    let backend = PgBackend::connect(PgConfig::new(database_url()).with_schema(schema).with_max_connections(3))
+        .await
+        .expect("PostgreSQL is required (run scripts/test)");
+    backend.migrate().await.expect("migrate");
+    backend
+}
+
+pub fn sqs_endpoint() -> String {
+    std::env::var("REDRIVE_SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".into())
+}
+
+/// A `redrive` command with the environment an operator would have: the database, and AWS's
+/// (moto's) for SQS.
+pub fn redrive_command(backend: &str, schema: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_redrive"));
+    command
+        .args(["--backend", backend, "--schema", schema])
+        .env("DATABASE_URL", database_url())
+        .env("REDRIVE_SQS_ENDPOINT", sqs_endpoint())
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test");
+    command
+}
+
+/// `redrive serve` on a free loopback port, killed when dropped.
+pub struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `redrive serve` on `backend` (with `token`, if any); it and its base URL.
+pub fn serve(backend: &str, schema: &str, token: Option<&str>) -> (Served, String) {
+    let mut command = redrive_command(backend, schema);
+    command.args(["serve", "--bind", "127.0.0.1:0"]).stderr(Stdio::piped());
+    if let Some(token) = token {
+        command.env("REDRIVE_DASHBOARD_TOKEN", token);
+    }
+    let mut child = command.spawn().expect("the redrive binary runs");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut said = Vec::new();
+    let url = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            let url = line.split_once("the dashboard is on ").map(|(_, url)| url.trim().to_owned());
+            said.push(line);
+            url
+        })
+        .unwrap_or_else(|| panic!("redrive serve did not start: {said:?}"));
+    // Keep reading, so the server never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (Served(child), url)
+}

@@ -1,0 +1,109 @@
+//! `redrive serve` on the brokers: SQS (moto) and Azure Queue Storage (Azurite), their records
+//! in PostgreSQL. The dashboard lists what the queues dead-lettered, discards one and replays
+//! the other through its forms, and the replayed job is back on the queue once. The browser
+//! test (browser.rs) covers the pages themselves on PostgreSQL.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{database, serve, sqs_endpoint, unique};
+use redrive_azure::{AzureBackend, AzureConfig, QueueOptions};
+use redrive_core::{Claim, DeadLetter, Enqueue, FailureQuery, IdempotencyKey, Kinds, NewJob, RecordState};
+use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
+use reqwest::StatusCode;
+
+/// Two jobs dead-lettered on `queue` the way a worker does it: claimed, then recorded.
+async fn two_failures(queue: &(impl Enqueue + Claim)) {
+    let jobs = (1..=2).map(|n| {
+        let key = IdempotencyKey::builder("ship").fact("parcel", n).build().unwrap();
+        NewJob::new("ship", key, serde_json::json!({ "parcel": n })).unwrap()
+    });
+    queue.enqueue_batch(jobs.collect()).await.unwrap();
+    let mut claimed = Vec::new();
+    for _ in 0..50 {
+        claimed
+            .extend(queue.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::from_millis(100)).await.unwrap());
+        if claimed.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(claimed.len(), 2);
+    for c in &claimed {
+        queue.dead_letter(c, "carrier said no").await.unwrap();
+    }
+}
+
+/// Through the dashboard: the overview counts two open records; one is discarded with a reason
+/// and a name, the other replayed. Returns the replayed record's key.
+async fn operate(backend: &str, schema: &str, queue: &impl DeadLetter) -> IdempotencyKey {
+    let (_served, url) = serve(backend, schema, None);
+    let http =
+        reqwest::Client::builder().cookie_store(true).redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let overview = http.get(format!("{url}/")).send().await.unwrap().text().await.unwrap();
+    assert!(overview.contains("<th>open records</th><td class=\"n\">2</td>"), "{overview}");
+    let records = queue.list(&FailureQuery::open()).await.unwrap();
+    let (discard, replay) = (&records[0].id.0, &records[1].id.0);
+    let page = http.get(format!("{url}/records/{discard}")).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("carrier said no") && page.contains("parcel"), "{page}");
+
+    let confirm = http.get(format!("{url}/records/{discard}/discard")).send().await.unwrap().text().await.unwrap();
+    let start = confirm.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let csrf = confirm[start..].split('"').next().unwrap();
+    let form = [("csrf", csrf), ("reason", "sent by hand"), ("by", "ada")];
+    let done = http.post(format!("{url}/records/{discard}/discard")).form(&form).send().await.unwrap();
+    assert_eq!(done.status(), StatusCode::SEE_OTHER);
+    let done = http.post(format!("{url}/records/{replay}/replay")).form(&[("csrf", csrf), ("by", "ada")]).send().await;
+    assert_eq!(done.unwrap().headers()["location"], format!("/records/{replay}?done=replayed").as_str());
+
+    assert!(matches!(queue.get(&records[0].id).await.unwrap().state, RecordState::Discarded { .. }));
+    assert!(matches!(queue.get(&records[1].id).await.unwrap().state, RecordState::Replayed { .. }));
+    records[1].key.clone()
+}
+
+async fn back_once(queue: &impl Claim, key: &IdempotencyKey) {
+    let mut back = Vec::new();
+    for _ in 0..30 {
+        back.extend(queue.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::from_millis(100)).await.unwrap());
+        if !back.is_empty() {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            back.extend(queue.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap());
+            break;
+        }
+    }
+    assert_eq!(back.len(), 1, "the replayed job is back once");
+    assert_eq!(&back[0].job.key, key, "with its original key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_works_an_sqs_queue() {
+    let db = database().await;
+    let name = format!("rdt-serve-{}", unique().replace('_', "-"));
+    let config = SqsConfig::new(&name)
+        .with_endpoint(sqs_endpoint())
+        .with_region("us-east-1")
+        .with_static_credentials("test", "test")
+        .with_max_wait(Duration::ZERO);
+    let queue = SqsBackend::setup(config, QueueSetup::default(), db.clone())
+        .await
+        .unwrap_or_else(|e| panic!("moto's SQS is required (run scripts/test): {e}"));
+    two_failures(&queue).await;
+    let key = operate(&format!("sqs://{name}"), db.schema(), &queue).await;
+    back_once(&queue, &key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_works_an_azure_queue() {
+    let db = database().await;
+    let name = format!("rdt-serve-{}", unique().replace('_', "-"));
+    let account = match std::env::var("AZURE_STORAGE_CONNECTION_STRING") {
+        Ok(text) => AzureConfig::from_connection_string(&text).unwrap(),
+        Err(_) => AzureConfig::development(),
+    };
+    let queue = AzureBackend::setup(&account, &name, QueueOptions::default(), db.clone())
+        .await
+        .unwrap_or_else(|e| panic!("Azurite is required (run scripts/test): {e}"));
+    two_failures(&queue).await;
+    let key = operate(&format!("azure://{name}"), db.schema(), &queue).await;
+    back_once(&queue, &key).await;
+}
