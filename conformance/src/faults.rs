@@ -404,3 +404,50 @@ pub async fn racing_replays<Q: Queue, L: Ledger + Clone + 'static>(subject: Subj
     ensure!(run, run.must("count", run.s.queue.count_open().await)? == 0, "no record should stay open");
     run.report(&[68, 69], &[]).await
 }
+
+/// Behaviour 25: A record left open is reminded once per period (`remind_after`), each reminder
+/// sent once although two workers sweep, and the reminders stop once it is replayed.
+pub async fn reminders<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
+    let run = Run::new("reminders", subject);
+    let script = Arc::clone(&run.script);
+    let sent = move || -> Vec<u32> {
+        let key = Probe::key(68);
+        script.alerts.lock().unwrap().iter().filter(|a| a.record.key == key).map(|a| a.reminder).collect()
+    };
+    run.script.fault(68, Fault::Permanent);
+    run.must("enqueue", run.s.queue.enqueue(Probe::new(68).new_job()).await)?;
+    let period = run.s.timing.lease * 2;
+    let config = WorkerConfig { remind_after: Some(period), ..run.config(1, run.s.timing.lease, Duration::ZERO) };
+    let (first, second) = (run.start_worker(config.clone()), run.start_worker(config));
+    run.wait_for("the second reminder", || {
+        let sent = sent.clone();
+        async move { sent().contains(&2) }
+    })
+    .await?;
+
+    // Replayed (and healed): the record closes, the job runs once, the reminders stop.
+    run.script.heal();
+    let record = run
+        .open_records()
+        .await?
+        .into_iter()
+        .find(|r| r.key == Probe::key(68))
+        .ok_or_else(|| run.fail("the record should be open"))?;
+    let outcome = run.must("replay", run.s.queue.replay(&record.id).await)?;
+    ensure!(run, matches!(outcome, ReplayOutcome::Replayed(_)), "the replay should replay, got {outcome:?}");
+    run.wait_for_effects(1).await?;
+    tokio::time::sleep(run.s.timing.lease).await; // a sweep that listed the record before the replay
+    let at_close = sent().len();
+    tokio::time::sleep(period * 2).await;
+    run.settle().await;
+    first.shutdown().await;
+    second.shutdown().await;
+
+    let sent = sent();
+    let in_order: Vec<u32> = (0..sent.len() as u32).collect();
+    let mut sorted = sent.clone();
+    sorted.sort_unstable();
+    ensure!(run, sorted == in_order, "the alert and each reminder should be sent once, were {sent:?}");
+    ensure!(run, sent.len() == at_close, "no reminder after the replay: {} then {sent:?}", at_close);
+    run.report(&[68], &[]).await
+}

@@ -38,6 +38,7 @@
 //! | 22 | [`no_payload_in_logs`] | a canary in payloads that fail: in no log line, error or alert |
 //! | 23 | [`purge_forgets`] | after purge the payload is nowhere; re-enqueuing the key runs it once |
 //! | 24 | [`racing_replays`] | two readers paging at once see every record; two replays at once put a job back once |
+//! | 25 | [`reminders`] | a record left open: one reminder per period though two workers sweep, none after its replay |
 //!
 //! # Running it against your backend
 //!
@@ -233,7 +234,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 24] = [
+pub const SCENARIOS: [&str; 25] = [
     "replay",
     "race",
     "exhaust",
@@ -258,6 +259,7 @@ pub const SCENARIOS: [&str; 24] = [
     "no_payload_in_logs",
     "purge_forgets",
     "racing_replays",
+    "reminders",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -268,7 +270,7 @@ macro_rules! suite {
         $crate::suite!(@each $subject; replay race exhaust recover key_conflict undecodable oversized
             dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims slow_handler
             stalled_heartbeat busy_never_dead_letters ledger_outage provider_key_once mixed_kinds crash_loop
-            alert_delivery no_payload_in_logs purge_forgets racing_replays);
+            alert_delivery no_payload_in_logs purge_forgets racing_replays reminders);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(
