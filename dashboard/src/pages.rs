@@ -172,7 +172,7 @@ async fn matching<B: Records>(
     let mut query = filter.query(500).map_err(|m| problem(StatusCode::BAD_REQUEST, m))?;
     let mut found = Vec::new();
     loop {
-        let page = app.backend.list(&query).await.map_err(|e| failed(e))?;
+        let page = app.backend.list(&query).await.map_err(failed)?;
         let full = page.len() == query.limit;
         query.after = page.last().map(|r| r.id.clone());
         found.extend(page.into_iter().filter(|r| severity.is_none_or(|s| r.severity == s)));
@@ -202,8 +202,9 @@ async fn overview<B: Records>(State(app): Shared<B>) -> Response {
         Ok(found) => found,
         Err(response) => return response,
     };
-    let mut groups: BTreeMap<(std::cmp::Reverse<Severity>, String), (usize, DateTime<Utc>, DateTime<Utc>)> =
-        BTreeMap::new();
+    // Worst severity first, then by kind: (count, oldest, newest) of each.
+    type Figures = (usize, DateTime<Utc>, DateTime<Utc>);
+    let mut groups: BTreeMap<(std::cmp::Reverse<Severity>, String), Figures> = BTreeMap::new();
     for r in &records {
         let at = r.last_failed_at;
         let group = groups.entry((std::cmp::Reverse(r.severity), r.kind.clone())).or_insert((0, at, at));
