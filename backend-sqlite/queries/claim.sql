@@ -1,0 +1,13 @@
+-- Takes up to ?5 ready jobs, oldest first, of the kinds in the JSON array ?4 (NULL: any), under
+-- lease token ?3 until ?1 + ?2. ?1 now. The attempt is counted here.
+UPDATE redrive_jobs
+SET status = 'running', ready_at = NULL, lease_token = ?3, lease_expires = ?1 + ?2, started = 0,
+    attempts = attempts + 1
+WHERE id IN (
+    SELECT id FROM redrive_jobs
+    WHERE status = 'queued' AND ready_at <= ?1
+      AND (?4 IS NULL OR kind IN (SELECT value FROM json_each(?4)))
+    ORDER BY ready_at, id
+    LIMIT ?5
+)
+RETURNING id, kind, idempotency_key, provider_key, payload, attempts, cap, severity, created_at, stranded

@@ -1,0 +1,1 @@
+SELECT count(*) FROM redrive_failed_jobs WHERE state = 'open'

@@ -1,0 +1,1 @@
+SELECT * FROM redrive_failed_jobs WHERE id = ?1

@@ -1,0 +1,69 @@
+//! The SQL, read from `queries/*.sql` and `migrations/*.sql` at compile time.
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::sqlite::{Sqlite, SqliteArguments};
+use sqlx::{AssertSqlSafe, SqlSafeStr};
+
+macro_rules! queries {
+    ($($name:ident),* $(,)?) => {
+        $(
+            pub(crate) const $name: &str = include_str!(concat!("../queries/", stringify!($name), ".sql"));
+        )*
+    };
+}
+
+#[allow(non_upper_case_globals)]
+mod text {
+    queries!(
+        enqueue,
+        existing,
+        sweep,
+        claim,
+        complete,
+        retry,
+        give_back,
+        extend,
+        fail,
+        record,
+        list_failures,
+        get_failure,
+        count_open,
+        discard,
+        close_replayed,
+        requeue,
+        purge,
+        purge_job_key,
+        purge_job,
+        purge_alerts,
+        prune_done_keys,
+        prune_done,
+        queue_counts,
+        ledger_get,
+        ledger_insert,
+        ledger_take,
+        ledger_extend,
+        ledger_release,
+        ledger_finish,
+        effect_begin,
+        effect_result,
+    );
+}
+
+pub(crate) use text::*;
+
+/// A query from the files above.
+pub(crate) fn q(sql: &'static str) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
+    sqlx::query(sql)
+}
+
+/// The embedded migrations, tracked in `_sqlx_migrations`.
+pub(crate) fn migrator() -> Migrator {
+    let files: [(i64, &str, &str); 1] = [(1, "init", include_str!("../migrations/0001_init.sql"))];
+    let migrations = files
+        .into_iter()
+        .map(|(version, description, sql)| {
+            Migration::new(version, description.into(), MigrationType::Simple, AssertSqlSafe(sql).into_sql_str(), false)
+        })
+        .collect();
+    Migrator::with_migrations(migrations)
+}

@@ -1,0 +1,18 @@
+//! The whole conformance suite, both halves, on a SQLite file of its own per scenario.
+
+mod common;
+
+use redrive_conformance::{Subject, Timing};
+use redrive_sqlite::SqliteBackend;
+
+async fn sqlite() -> Subject<SqliteBackend, SqliteBackend> {
+    let (backend, dir) = common::backend().await;
+    // The directory lives as long as the suite's scenario holds the probe.
+    let probe = (backend.clone(), std::sync::Arc::new(dir));
+    Subject::new(backend.clone(), backend, Timing::default()).storage(move |text| {
+        let (backend, _dir) = probe.clone();
+        async move { backend.holds_text(&text).await.expect("the storage probe reads every table") }
+    })
+}
+
+redrive_conformance::suite!(sqlite());
