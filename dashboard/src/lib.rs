@@ -4,12 +4,12 @@
 //! and a Prometheus `/metrics`.
 //!
 //! ```no_run
-//! # async fn run(backend: redrive_core::MemoryBackend) -> redrive_core::Result<()> {
+//! # async fn run(backend: redrive_core::MemoryBackend) -> Result<(), Box<dyn std::error::Error>> {
 //! use redrive_dashboard::Dashboard;
 //!
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! Dashboard::new(backend).serve(listener, std::future::pending()).await
-//! # }
+//! Dashboard::new(backend).serve(listener, redrive_core::stop_signal()).await?;
+//! # Ok(()) }
 //! ```
 //!
 //! Bound to loopback it needs no token: whoever reaches it is on the machine. Bound beyond,
