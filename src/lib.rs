@@ -17,6 +17,13 @@ pub mod sqs {
     pub use redrive_sqs::*;
 }
 
+/// SQLite: jobs, keys, failure records and the effect ledger in one file, no server.
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite {
+    pub use redrive_sqlite::*;
+}
+
 /// Azure Queue Storage: dequeue counts, pop-receipt leases, a `-poison` queue, records in your
 /// database.
 #[cfg(feature = "azure")]

@@ -16,6 +16,7 @@ CREATE TABLE redrive_jobs (
     lease_token     TEXT,                   -- set exactly when running: the fence
     lease_expires   INTEGER,
     attempts        INTEGER NOT NULL DEFAULT 0,
+    claims          INTEGER NOT NULL DEFAULT 0,  -- every claim, refunded or not: past the first, resumed
     started         INTEGER NOT NULL DEFAULT 0,  -- the current claim's handler started (renewed)
     stranded        INTEGER NOT NULL DEFAULT 0,  -- claims that lapsed before their handler started
     errors          TEXT NOT NULL DEFAULT '[]',  -- this run's attempt errors, JSON
@@ -55,7 +56,9 @@ CREATE INDEX redrive_failed_jobs_key ON redrive_failed_jobs (idempotency_key);
 CREATE INDEX redrive_failed_jobs_job ON redrive_failed_jobs (job_id);
 CREATE INDEX redrive_failed_jobs_age ON redrive_failed_jobs (last_failed_at);
 
--- The effect ledger: one row per key, pending (held by a token until a time) or done.
+-- The effect ledger of keys that are not this queue's jobs (a job's row is its key's entry: the
+-- claim takes the key) and of alerts: one row per key, pending (held by a token until a time) or
+-- done.
 CREATE TABLE redrive_processed_keys (
     idempotency_key TEXT PRIMARY KEY,
     fingerprint     TEXT NOT NULL,

@@ -1,8 +1,9 @@
 -- Takes up to ?5 ready jobs, oldest first, of the kinds in the JSON array ?4 (NULL: any), under
--- lease token ?3 until ?1 + ?2. ?1 now. The attempt is counted here.
+-- lease token ?3 until ?1 + ?2. ?1 now. The attempt is counted here, and the row being its key's
+-- ledger entry, the claim takes the key: past the first claim, the effect is resumed.
 UPDATE redrive_jobs
 SET status = 'running', ready_at = NULL, lease_token = ?3, lease_expires = ?1 + ?2, started = 0,
-    attempts = attempts + 1
+    attempts = attempts + 1, claims = claims + 1
 WHERE id IN (
     SELECT id FROM redrive_jobs
     WHERE status = 'queued' AND ready_at <= ?1
@@ -10,4 +11,4 @@ WHERE id IN (
     ORDER BY ready_at, id
     LIMIT ?5
 )
-RETURNING id, kind, idempotency_key, provider_key, payload, attempts, cap, severity, created_at, stranded
+RETURNING id, kind, idempotency_key, provider_key, payload, attempts, claims, cap, severity, created_at, stranded

@@ -301,15 +301,21 @@ async fn enqueue_on(conn: &mut SqliteConnection, job: &NewJob, fingerprint: &str
     Ok(Enqueued::Duplicate { id: JobId(id.to_string()), provider_key: Some(provider_key) })
 }
 
+/// A claimed row. The row is its key's ledger entry, and the claim took the key: the hold is the
+/// lease, resumed when an earlier claim may have started the effect.
 fn claimed_from(row: &SqliteRow, token: &str) -> Result<Claimed> {
     let id = JobId(row.get::<i64, _>("id").to_string());
     let lease = Lease { job_id: id.clone(), token: token.to_owned() };
+    let key = key_from(row.get("idempotency_key"))?;
+    let provider_key = provider_key_from(&row.get::<String, _>("provider_key"))?;
+    let hold = Hold { key: key.clone(), token: token.to_owned(), provider_key, lease: Some(lease.clone()) };
+    let begun = if row.get::<i64, _>("claims") > 1 { Begin::Resumed(hold) } else { Begin::Fresh(hold) };
     Ok(Claimed {
         job: JobRecord {
             id,
             kind: row.get("kind"),
-            key: key_from(row.get("idempotency_key"))?,
-            provider_key: provider_key_from(&row.get::<String, _>("provider_key"))?,
+            key,
+            provider_key,
             payload: json_from(&row.get::<String, _>("payload"), "payload")?,
             attempt: row.get::<i64, _>("attempts").max(0) as u32,
             cap: row.get::<i64, _>("cap").max(0) as u32,
@@ -319,7 +325,7 @@ fn claimed_from(row: &SqliteRow, token: &str) -> Result<Claimed> {
             undecodable: None,
         },
         lease,
-        begun: None,
+        begun: Some(begun),
     })
 }
 
