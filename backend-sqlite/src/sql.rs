@@ -46,6 +46,15 @@ mod text {
         ledger_finish,
         effect_begin,
         effect_result,
+        broker_keep,
+        broker_list,
+        broker_cursor,
+        broker_get,
+        broker_count_open,
+        broker_take,
+        broker_close,
+        broker_purge,
+        broker_mention,
     );
 }
 
@@ -58,7 +67,10 @@ pub(crate) fn q(sql: &'static str) -> sqlx::query::Query<'static, Sqlite, Sqlite
 
 /// The embedded migrations, tracked in `_sqlx_migrations`.
 pub(crate) fn migrator() -> Migrator {
-    let files: [(i64, &str, &str); 1] = [(1, "init", include_str!("../migrations/0001_init.sql"))];
+    let files: [(i64, &str, &str); 2] = [
+        (1, "init", include_str!("../migrations/0001_init.sql")),
+        (2, "broker records", include_str!("../migrations/0002_broker_records.sql")),
+    ];
     let migrations = files
         .into_iter()
         .map(|(version, description, sql)| {

@@ -242,12 +242,18 @@ pub async fn alert_delivery<Q: Queue, L: Ledger + Clone + 'static>(subject: Subj
     worker.shutdown().await;
     run.script.flaky_alerts(0);
 
-    // A worker that dies once the record is written, before alerting it.
+    // A worker that dies once the record is written, before alerting it. Its sweep runs once, at
+    // start, before the job is there: a sweep beside the dead-letter could see the record between
+    // its write and the dead-letter's return (a broker writes the record, then deletes the
+    // message) and alert it before the worker dies.
     run.script.fault(64, Fault::Permanent);
-    run.must("enqueue", run.s.queue.enqueue(Probe::new(64).new_job()).await)?;
     let freeze = Arc::new(Freeze::default());
     freeze.die_after_record();
-    let dying = run.frozen_worker(&freeze, run.config(1, run.s.timing.lease, Duration::ZERO));
+    let once =
+        WorkerConfig { alert_sweep: Duration::from_secs(3600), ..run.config(1, run.s.timing.lease, Duration::ZERO) };
+    let dying = run.frozen_worker(&freeze, once);
+    tokio::time::sleep(run.s.timing.lease).await;
+    run.must("enqueue", run.s.queue.enqueue(Probe::new(64).new_job()).await)?;
     died(&run, &freeze, "the worker to write the record and die").await?;
     ensure!(run, alerts_of(64) == 0, "the dying worker should not have alerted");
     let survivor = run.worker(1);

@@ -19,12 +19,16 @@ use crate::config::SqliteConfig;
 use crate::error::{db, stored};
 use crate::sql::{self, q};
 
+mod broker_records;
+mod completer;
+
 /// redrive on SQLite: the queue, the failure records and the effect ledger in one file (beside
 /// the application's own tables, if it likes). Clones share the connections.
 ///
 /// SQLite takes one writer at a time, so every write goes through one writer connection, in
 /// `BEGIN IMMEDIATE` transactions: handlers in this process queue for it instead of failing as
-/// busy, and other processes wait up to the busy timeout. Reads (records, counts) use reader
+/// busy, and other processes wait up to the busy timeout. Claims take a batch of jobs in one
+/// transaction, and completions that queue meanwhile are committed together. Reads (records, counts) use reader
 /// connections beside it, which WAL mode lets run during writes.
 #[derive(Clone)]
 pub struct SqliteBackend {
@@ -35,6 +39,8 @@ struct Inner {
     writer: SqlitePool,
     reader: SqlitePool,
     config: SqliteConfig,
+    /// Completions, grouped into shared transactions on the writer (see `completer`).
+    completions: tokio::sync::mpsc::Sender<completer::Completion>,
     /// Enqueues, retries and replays of this process wake its waiting claims at once.
     work: Notify,
 }
@@ -134,7 +140,8 @@ impl SqliteBackend {
                 .map_err(|e| db(e, "open the database for reading"))?,
             None => writer.clone(),
         };
-        let backend = Self { inner: Arc::new(Inner { writer, reader, config, work: Notify::new() }) };
+        let completions = completer::start(writer.clone());
+        let backend = Self { inner: Arc::new(Inner { writer, reader, config, completions, work: Notify::new() }) };
         backend.migrate().await?;
         Ok(backend)
     }
@@ -434,7 +441,14 @@ impl Claim for SqliteBackend {
 
     async fn complete(&self, lease: &Lease, _result: Option<&Value>) -> Result<()> {
         let id = parse_id(&lease.job_id.0)?;
-        self.fenced(q(sql::complete).bind(id).bind(&lease.token).bind(now_ms()), lease, "complete").await
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let completion = completer::Completion { id, token: lease.token.clone(), done };
+        let gone = || Error::temporary("sqlite: the backend is closing");
+        self.inner.completions.send(completion).await.map_err(|_| gone())?;
+        match answer.await.map_err(|_| gone())?? {
+            true => Ok(()),
+            false => Err(lease_lost(lease)),
+        }
     }
 
     async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {

@@ -1,0 +1,1 @@
+SELECT seq FROM redrive_broker_records WHERE queue = ?1 AND id = ?2

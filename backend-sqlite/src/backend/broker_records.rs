@@ -1,0 +1,208 @@
+//! [`RecordStore`]: the failure records of broker queues (SQS, Azure), in
+//! `redrive_broker_records`, for a worker whose records live in this file.
+
+use std::time::Duration;
+
+use redrive_core::{
+    BoxFuture, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, RecordState, RecordStore, Result, Taken,
+};
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use super::{SqliteBackend, ms, now_ms};
+use crate::error::db;
+use crate::sql::{self, q};
+
+/// The record a row holds, with the state its columns say.
+fn broker_record(row: &SqliteRow) -> Result<FailureRecord> {
+    let mut record: FailureRecord = serde_json::from_str(&row.get::<String, _>("record"))
+        .map_err(|e| Error::new(ErrorKind::Decode, "a stored broker record does not decode").with_source(e))?;
+    record.state = if row.get::<bool, _>("unclosed") {
+        RecordState::Open
+    } else {
+        // Closed, or taken by a replay still within its window (for every other reader, replayed).
+        let closed = row.get::<Option<String>, _>("closed").unwrap_or_default();
+        serde_json::from_str(&closed)
+            .map_err(|e| Error::new(ErrorKind::Decode, "a stored record state does not decode").with_source(e))?
+    };
+    Ok(record)
+}
+
+fn not_found(id: &FailureId) -> Error {
+    Error::new(ErrorKind::NotFound, format!("no failure record {id}"))
+}
+
+fn state_name(state: &RecordState) -> &'static str {
+    match state {
+        RecordState::Open => "open",
+        RecordState::Replayed { .. } => "replayed",
+        RecordState::Discarded { .. } => "discarded",
+    }
+}
+
+impl RecordStore for SqliteBackend {
+    fn keep_records<'a>(&'a self, queue: &'a str, records: &'a [FailureRecord]) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            if records.is_empty() {
+                return Ok(0);
+            }
+            let mut tx = self.write().await?;
+            let mut kept = 0;
+            for r in records {
+                let body =
+                    serde_json::to_string(r).map_err(|e| Error::new(ErrorKind::Decode, "a record").with_source(e))?;
+                kept += q(sql::broker_keep)
+                    .bind(queue)
+                    .bind(&r.id.0)
+                    .bind(&r.job_id.0)
+                    .bind(&r.kind)
+                    .bind(r.key.as_str())
+                    .bind(r.last_failed_at.timestamp_millis())
+                    .bind(body)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db(e, "keep failure records"))?
+                    .rows_affected();
+            }
+            tx.commit().await.map_err(|e| db(e, "keep failure records"))?;
+            Ok(kept)
+        })
+    }
+
+    fn records<'a>(&'a self, queue: &'a str, query: &'a FailureQuery) -> BoxFuture<'a, Result<Vec<FailureRecord>>> {
+        Box::pin(async move {
+            let after = match &query.after {
+                None => 0,
+                Some(id) => q(sql::broker_cursor)
+                    .bind(queue)
+                    .bind(&id.0)
+                    .fetch_optional(&self.inner.reader)
+                    .await
+                    .map_err(|e| db(e, "find the page's start"))?
+                    .ok_or_else(|| {
+                        Error::new(ErrorKind::NotFound, format!("the page starts after record {id}, which is gone"))
+                    })?
+                    .get::<i64, _>("seq"),
+            };
+            let rows = q(sql::broker_list)
+                .bind(queue)
+                .bind(query.kind.clone())
+                .bind(query.open)
+                .bind(query.failed_before.map(|t| t.timestamp_millis()))
+                .bind(query.key.as_ref().map(|k| k.as_str().to_owned()))
+                .bind(query.job_id.as_ref().map(|j| j.0.clone()))
+                .bind(after)
+                .bind(i64::try_from(query.page_size()).unwrap_or(i64::MAX))
+                .bind(now_ms())
+                .fetch_all(&self.inner.reader)
+                .await
+                .map_err(|e| db(e, "list failure records"))?;
+            rows.iter().map(broker_record).collect()
+        })
+    }
+
+    fn record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<FailureRecord>> {
+        Box::pin(async move {
+            let row = q(sql::broker_get)
+                .bind(queue)
+                .bind(&id.0)
+                .bind(now_ms())
+                .fetch_optional(&self.inner.reader)
+                .await
+                .map_err(|e| db(e, "get failure record"))?;
+            broker_record(&row.ok_or_else(|| not_found(id))?)
+        })
+    }
+
+    fn open_records<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            let n: i64 = q(sql::broker_count_open)
+                .bind(queue)
+                .bind(now_ms())
+                .fetch_one(&self.inner.reader)
+                .await
+                .map_err(|e| db(e, "count failure records"))?
+                .get(0);
+            Ok(n.max(0) as u64)
+        })
+    }
+
+    fn take_for_replay<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a FailureId,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<Taken>> {
+        Box::pin(async move {
+            let now = now_ms();
+            let replayed = RecordState::Replayed { at: super::time(now) };
+            let row = q(sql::broker_take)
+                .bind(queue)
+                .bind(&id.0)
+                .bind(now + ms(window))
+                .bind(now)
+                .bind(serde_json::to_string(&replayed).unwrap_or_default())
+                .fetch_optional(&self.inner.writer)
+                .await
+                .map_err(|e| db(e, "take a record for replay"))?;
+            match row {
+                Some(row) => Ok(Taken::Record(Box::new(broker_record(&row)?))),
+                None => Ok(Taken::Closed(self.record(queue, id).await?.state)),
+            }
+        })
+    }
+
+    fn close_record<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a FailureId,
+        state: &'a RecordState,
+    ) -> BoxFuture<'a, Result<Option<RecordState>>> {
+        Box::pin(async move {
+            // A replay closes its take as replayed, or gives it back as open; a discard needs an
+            // open record.
+            let by_replay = !matches!(state, RecordState::Discarded { .. });
+            let closed = q(sql::broker_close)
+                .bind(queue)
+                .bind(&id.0)
+                .bind(state_name(state))
+                .bind(serde_json::to_string(state).unwrap_or_default())
+                .bind(by_replay)
+                .bind(now_ms())
+                .fetch_optional(&self.inner.writer)
+                .await
+                .map_err(|e| db(e, "close a failure record"))?;
+            match closed {
+                Some(_) => Ok(None),
+                None => Ok(Some(self.record(queue, id).await?.state)),
+            }
+        })
+    }
+
+    fn purge_records<'a>(&'a self, queue: &'a str, age: Duration) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            let purged = q(sql::broker_purge)
+                .bind(queue)
+                .bind(now_ms() - ms(age))
+                .execute(&self.inner.writer)
+                .await
+                .map_err(|e| db(e, "purge failure records"))?;
+            Ok(purged.rows_affected())
+        })
+    }
+
+    fn records_mention<'a>(&'a self, queue: &'a str, text: &'a str) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let quoted = serde_json::to_string(text).unwrap_or_default();
+            let inner = quoted.trim_matches('"').to_owned();
+            q(sql::broker_mention)
+                .bind(queue)
+                .bind(text)
+                .bind(inner)
+                .fetch_one(&self.inner.reader)
+                .await
+                .map(|row| row.get::<bool, _>("found"))
+                .map_err(|e| db(e, "search failure records"))
+        })
+    }
+}
