@@ -1,48 +1,10 @@
-//! `PgBackend` as the record store of a broker queue: records kept once, a replay's take, its
-//! give-back and its close, discards, and finding any text in a record.
+//! `PgBackend` as the record store of a broker queue: the checks every `RecordStore` passes
+//! (records kept once, a replay's take, its give-back and its close, discards, paging, finding
+//! any text in a record, purge).
 
 mod common;
 
-use std::time::Duration;
-
-use redrive_conformance::sample_record as record;
-use redrive_core::{FailureQuery, RecordState, RecordStore, Taken};
-
 #[tokio::test]
 async fn a_take_is_exclusive_given_back_or_closed_and_records_are_kept_once() {
-    let store = common::backend("brokerrec").await;
-    let queue = "arn:aws:sqs:us-east-1:000000000000:jobs";
-    let records = [record(1, serde_json::json!({"parcel": 1})), record(2, serde_json::json!({"note": "say \"hi\"\n"}))];
-    assert_eq!(store.keep_records(queue, &records).await.unwrap(), 2);
-    assert_eq!(store.keep_records(queue, &records).await.unwrap(), 0, "kept once by id");
-    assert_eq!(store.open_records("another-queue").await.unwrap(), 0, "scoped by queue");
-
-    let id = &records[0].id;
-    let window = Duration::from_secs(300);
-    assert!(matches!(store.take_for_replay(queue, id, window).await.unwrap(), Taken::Record(_)));
-    let second = store.take_for_replay(queue, id, window).await.unwrap();
-    assert!(matches!(second, Taken::Closed(RecordState::Replayed { .. })), "{second:?}");
-    assert_eq!(store.open_records(queue).await.unwrap(), 1, "a taken record is not open");
-    // A send that surely failed gives the take back: open again at once.
-    assert_eq!(store.close_record(queue, id, &RecordState::Open).await.unwrap(), None);
-    assert_eq!(store.record(queue, id).await.unwrap().state, RecordState::Open);
-    assert!(matches!(store.take_for_replay(queue, id, window).await.unwrap(), Taken::Record(_)));
-    let replayed = RecordState::Replayed { at: chrono::Utc::now() };
-    assert_eq!(store.close_record(queue, id, &replayed).await.unwrap(), None);
-    let discarded = RecordState::Discarded { at: chrono::Utc::now(), reason: "dup".into(), actor: "ops".into() };
-    let before = store.close_record(queue, id, &discarded).await.unwrap();
-    assert!(matches!(before, Some(RecordState::Replayed { .. })), "a replayed record stays replayed: {before:?}");
-
-    // A take whose replayer died reads as open once its window lapses.
-    let other = &records[1].id;
-    assert!(matches!(store.take_for_replay(queue, other, Duration::ZERO).await.unwrap(), Taken::Record(_)));
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    assert_eq!(store.record(queue, other).await.unwrap().state, RecordState::Open);
-
-    let page = store.records(queue, &FailureQuery { limit: 1, ..FailureQuery::default() }).await.unwrap();
-    let next = FailureQuery { limit: 1, after: Some(page[0].id.clone()), ..FailureQuery::default() };
-    assert_eq!(store.records(queue, &next).await.unwrap()[0].id, *other, "pages in the order kept");
-    assert!(store.records_mention(queue, "say \"hi\"\n").await.unwrap(), "text with quotes and a newline is found");
-    assert_eq!(store.purge_records(queue, Duration::ZERO).await.unwrap(), 2);
-    assert!(!store.records_mention(queue, "say \"hi\"").await.unwrap());
+    redrive_conformance::check_record_store(&common::backend("brokerrec").await).await;
 }

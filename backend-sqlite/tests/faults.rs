@@ -174,3 +174,41 @@ async fn a_full_disk_is_a_typed_error_and_loses_nothing_committed() {
     let integrity: String = sqlx::query("PRAGMA integrity_check").fetch_one(backend.pool()).await.unwrap().get(0);
     assert_eq!(integrity, "ok");
 }
+
+#[tokio::test]
+async fn a_database_another_process_holds_locked_is_a_clear_error_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.db");
+    // Another program's database in rollback-journal mode, its exclusive lock held: not even
+    // readers get in.
+    use sqlx::Connection;
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let mut other = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("CREATE TABLE app (x INTEGER)").execute(&mut other).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE").execute(&mut other).await.unwrap();
+    sqlx::query("INSERT INTO app VALUES (1)").execute(&mut other).await.unwrap();
+
+    let config = SqliteConfig::new(&path).with_busy_timeout(Duration::from_millis(300));
+    let err = SqliteBackend::open(config.clone()).await.unwrap_err();
+    assert_eq!((err.kind(), err.retry()), (ErrorKind::Backend, Retry::Temporary), "{err}");
+    assert!(err.to_string().contains("locked"), "{err}");
+
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    drop(other);
+    let backend = SqliteBackend::open(config).await.expect("opens once the lock is gone");
+    backend.enqueue(job(1)).await.unwrap();
+    let row = sqlx::query("SELECT count(*) FROM app").fetch_one(backend.pool()).await.unwrap();
+    assert_eq!(row.get::<i64, _>(0), 1, "the other program's table is untouched");
+}
+
+#[tokio::test]
+async fn an_in_memory_database_works_the_queue_and_keeps_nothing() {
+    let backend = SqliteBackend::open(SqliteConfig::memory()).await.unwrap();
+    backend.enqueue(job(1)).await.unwrap();
+    let claimed = backend.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    backend.complete(&claimed[0].lease, None).await.unwrap();
+    assert!(backend.counts().await.unwrap().is_drained());
+    let fresh = SqliteBackend::open(SqliteConfig::memory()).await.unwrap();
+    assert!(fresh.enqueue(job(1)).await.unwrap().is_created(), "another in-memory database is empty");
+}

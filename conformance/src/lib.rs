@@ -71,6 +71,7 @@
 mod faults;
 mod flaky;
 mod harness;
+mod records;
 mod scenarios;
 
 use std::fmt;
@@ -82,6 +83,7 @@ use std::time::Duration;
 pub use faults::*;
 pub use flaky::FlakyStore;
 pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
+pub use records::check_record_store;
 use redrive_core::{Claim, DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};
 pub use scenarios::*;
 

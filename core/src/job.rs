@@ -29,6 +29,28 @@ pub enum Severity {
     Critical,
 }
 
+impl Severity {
+    /// The lower-case name (`warning`, `error`, `critical`): as serde writes it, and as the
+    /// backends store it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Warning => "warning",
+            Self::Error => "error",
+            Self::Critical => "critical",
+        }
+    }
+
+    /// The severity of that lower-case name, if it is one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "warning" => Some(Self::Warning),
+            "error" => Some(Self::Error),
+            "critical" => Some(Self::Critical),
+            _ => None,
+        }
+    }
+}
+
 /// A typed job: its kind, how its key derives from its own fields, and optionally its cap and
 /// severity.
 ///

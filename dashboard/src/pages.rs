@@ -97,10 +97,9 @@ impl Filter {
     fn severity(&self) -> Result<Option<Severity>, String> {
         match self.severity.as_str() {
             "" => Ok(None),
-            "warning" => Ok(Some(Severity::Warning)),
-            "error" => Ok(Some(Severity::Error)),
-            "critical" => Ok(Some(Severity::Critical)),
-            other => Err(format!("no severity {other:?}: warning, error or critical")),
+            name => Severity::from_name(name)
+                .map(Some)
+                .ok_or_else(|| format!("no severity {name:?}: warning, error or critical")),
         }
     }
 
@@ -216,7 +215,7 @@ async fn overview<B: Records>(State(app): Shared<B>) -> Response {
         .into_iter()
         .map(|((severity, kind), (count, oldest, newest))| views::Group {
             kind,
-            severity: views::severity_name(severity.0),
+            severity: severity.0.as_str(),
             count,
             oldest: views::age(oldest),
             newest: views::age(newest),

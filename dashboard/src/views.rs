@@ -5,14 +5,6 @@ use askama::Template;
 use chrono::{DateTime, Utc};
 use redrive_core::{Counts, FailureRecord, RecordState, Severity};
 
-pub(crate) fn severity_name(severity: Severity) -> &'static str {
-    match severity {
-        Severity::Warning => "warning",
-        Severity::Error => "error",
-        Severity::Critical => "critical",
-    }
-}
-
 /// `3h 12m`, to the second below a minute and to the minute above.
 pub(crate) fn age(since: DateTime<Utc>) -> String {
     let seconds = (Utc::now() - since).num_seconds().max(0) as u64;
@@ -112,7 +104,7 @@ impl Row {
         Self {
             id: r.id.0.clone(),
             kind: r.kind.clone(),
-            severity: severity_name(r.severity),
+            severity: r.severity.as_str(),
             attempts: format!("{} of {}", r.attempts, r.cap),
             error: short(&r.last_error, 90),
             age: age(r.last_failed_at),
@@ -165,7 +157,7 @@ impl RecordView {
             kind: r.kind.clone(),
             key: r.key.to_string(),
             provider_key: r.provider_key.to_string(),
-            severity: severity_name(r.severity),
+            severity: r.severity.as_str(),
             attempts: format!("{} of {}", r.attempts, r.cap),
             first_failed: format!("{} ({} ago)", time(r.first_failed_at), age(r.first_failed_at)),
             last_failed: format!("{} ({} ago)", time(r.last_failed_at), age(r.last_failed_at)),

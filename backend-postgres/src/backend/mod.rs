@@ -150,7 +150,7 @@ impl PgBackend {
                 .bind(job.provider_key.as_uuid())
                 .bind(&job.payload)
                 .bind(&fingerprint)
-                .bind(severity_str(job.severity))
+                .bind(job.severity.as_str())
                 .bind(job.cap as i32)
                 .fetch_optional(&mut *conn)
                 .await
@@ -388,22 +388,6 @@ async fn listen(pool: PgPool, channel: String, wake: Weak<Notify>) {
     }
 }
 
-fn severity_str(severity: Severity) -> &'static str {
-    match severity {
-        Severity::Warning => "warning",
-        Severity::Error => "error",
-        Severity::Critical => "critical",
-    }
-}
-
-fn severity_from(s: &str) -> Severity {
-    match s {
-        "warning" => Severity::Warning,
-        "critical" => Severity::Critical,
-        _ => Severity::Error,
-    }
-}
-
 fn key_conflict(key: &IdempotencyKey, id: &JobId) -> Error {
     Error::new(ErrorKind::KeyConflict, format!("key {key} already belongs to job {id} with a different payload"))
 }
@@ -441,7 +425,7 @@ fn claimed_from(row: &PgRow) -> Result<Claimed> {
             payload: row.get("payload"),
             attempt: row.get::<i32, _>("attempts") as u32,
             cap: row.get::<i32, _>("cap") as u32,
-            severity: severity_from(row.get("severity")),
+            severity: Severity::from_name(row.get("severity")).unwrap_or_default(),
             enqueued_at: row.get("created_at"),
             stranded: row.get::<i32, _>("stranded").max(0) as u32,
             undecodable: None,
@@ -484,7 +468,7 @@ impl Enqueue for PgBackend {
             .bind(jobs.iter().map(|j| j.provider_key.as_uuid()).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.payload.clone()).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| fingerprints[&j.key].clone()).collect::<Vec<_>>())
-            .bind(column(|j| severity_str(j.severity).to_owned()))
+            .bind(column(|j| j.severity.as_str().to_owned()))
             .bind(jobs.iter().map(|j| j.cap as i32).collect::<Vec<_>>())
             .fetch_all(&mut *tx)
             .await

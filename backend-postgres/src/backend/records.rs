@@ -10,7 +10,7 @@ use redrive_core::{
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
-use super::{PgBackend, key_from, severity_from};
+use super::{PgBackend, key_from};
 use crate::error::db;
 use crate::sql::q;
 
@@ -43,7 +43,7 @@ pub(super) fn record_from(row: &PgRow) -> Result<FailureRecord> {
         errors,
         attempts: row.get::<i32, _>("attempts") as u32,
         cap: row.get::<i32, _>("cap") as u32,
-        severity: severity_from(row.get("severity")),
+        severity: redrive_core::Severity::from_name(row.get("severity")).unwrap_or_default(),
         first_failed_at: row.get("first_failed_at"),
         last_failed_at: row.get("last_failed_at"),
         state,

@@ -72,22 +72,6 @@ fn time(ms: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(ms).unwrap_or_default()
 }
 
-fn severity_str(severity: Severity) -> &'static str {
-    match severity {
-        Severity::Warning => "warning",
-        Severity::Error => "error",
-        Severity::Critical => "critical",
-    }
-}
-
-fn severity_from(s: &str) -> Severity {
-    match s {
-        "warning" => Severity::Warning,
-        "critical" => Severity::Critical,
-        _ => Severity::Error,
-    }
-}
-
 fn key_from(s: String) -> Result<IdempotencyKey> {
     IdempotencyKey::parse(s).map_err(|_| stored("key"))
 }
@@ -287,7 +271,7 @@ async fn enqueue_on(conn: &mut SqliteConnection, job: &NewJob, fingerprint: &str
         .bind(job.provider_key.as_uuid().to_string())
         .bind(job.payload.to_string())
         .bind(fingerprint)
-        .bind(severity_str(job.severity))
+        .bind(job.severity.as_str())
         .bind(i64::from(job.cap))
         .bind(now_ms())
         .fetch_optional(&mut *conn)
@@ -326,7 +310,7 @@ fn claimed_from(row: &SqliteRow, token: &str) -> Result<Claimed> {
             payload: json_from(&row.get::<String, _>("payload"), "payload")?,
             attempt: row.get::<i64, _>("attempts").max(0) as u32,
             cap: row.get::<i64, _>("cap").max(0) as u32,
-            severity: severity_from(&row.get::<String, _>("severity")),
+            severity: Severity::from_name(&row.get::<String, _>("severity")).unwrap_or_default(),
             enqueued_at: time(row.get("created_at")),
             stranded: row.get::<i64, _>("stranded").max(0) as u32,
             undecodable: None,
@@ -359,7 +343,7 @@ fn record_from(row: &SqliteRow) -> Result<FailureRecord> {
         errors,
         attempts: row.get::<i64, _>("attempts").max(0) as u32,
         cap: row.get::<i64, _>("cap").max(0) as u32,
-        severity: severity_from(&row.get::<String, _>("severity")),
+        severity: Severity::from_name(&row.get::<String, _>("severity")).unwrap_or_default(),
         first_failed_at: time(row.get("first_failed_at")),
         last_failed_at: time(row.get("last_failed_at")),
         state,
@@ -520,7 +504,7 @@ impl Claim for SqliteBackend {
             errors,
             attempts,
             cap: row.get::<i64, _>("cap").max(0) as u32,
-            severity: severity_from(&row.get::<String, _>("severity")),
+            severity: Severity::from_name(&row.get::<String, _>("severity")).unwrap_or_default(),
             first_failed_at,
             last_failed_at: now,
             state: RecordState::Open,
