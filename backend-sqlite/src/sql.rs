@@ -37,6 +37,8 @@ mod text {
         purge_alerts,
         prune_done_keys,
         prune_done,
+        prune_ledger,
+        prune_effects,
         queue_counts,
         ledger_get,
         ledger_insert,

@@ -177,26 +177,28 @@ impl SqliteBackend {
         Ok(EffectOnce::AlreadyApplied(time(at)))
     }
 
-    /// Deletes jobs done more than `older_than` ago, with their keys' ledger entries; returns how
-    /// many jobs. Run it now and then, or the file keeps every job ever done. The age is the dedupe
-    /// window it leaves: a key enqueued again after its job was pruned makes a new job.
+    /// Deletes jobs done more than `older_than` ago, with their keys' ledger entries, and the
+    /// ledger's other done keys (other queues' jobs, HTTP requests) and same-database effect keys
+    /// as old; returns how many jobs. Run it now and then, or the file keeps every job ever done.
+    /// The age is the dedupe window it leaves: a key enqueued again after its job was pruned makes
+    /// a new job. Alert keys stay with their records (see `purge`).
     pub async fn prune_done(&self, older_than: Duration) -> Result<u64> {
         const CHUNK: i64 = 5_000;
         let before = now_ms() - ms(older_than);
         let mut pruned = 0;
         loop {
             let mut tx = self.write().await?;
-            q(sql::prune_done_keys).bind(before).bind(CHUNK).execute(&mut *tx).await.map_err(|e| db(e, "prune"))?;
-            let done = q(sql::prune_done)
-                .bind(before)
-                .bind(CHUNK)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db(e, "prune"))?
-                .rows_affected();
+            let step = |e| db(e, "prune");
+            q(sql::prune_done_keys).bind(before).bind(CHUNK).execute(&mut *tx).await.map_err(step)?;
+            let done =
+                q(sql::prune_done).bind(before).bind(CHUNK).execute(&mut *tx).await.map_err(step)?.rows_affected();
+            let keys =
+                q(sql::prune_ledger).bind(before).bind(CHUNK).execute(&mut *tx).await.map_err(step)?.rows_affected();
+            let effects =
+                q(sql::prune_effects).bind(before).bind(CHUNK).execute(&mut *tx).await.map_err(step)?.rows_affected();
             tx.commit().await.map_err(|e| db(e, "commit prune"))?;
             pruned += done;
-            if done < CHUNK as u64 {
+            if done < CHUNK as u64 && keys < CHUNK as u64 && effects < CHUNK as u64 {
                 return Ok(pruned);
             }
         }
