@@ -8,6 +8,7 @@ use redrive_core::{
     Result, Severity,
 };
 use redrive_postgres::{PgBackend, PgConfig};
+use redrive_sqlite::{SqliteBackend, SqliteConfig};
 use redrive_sqs::{SqsBackend, SqsConfig};
 
 use crate::Cli;
@@ -16,6 +17,7 @@ pub(crate) enum Target {
     Postgres(PgBackend),
     Sqs(SqsBackend),
     Azure(AzureBackend),
+    Sqlite(SqliteBackend),
 }
 
 /// Runs the same call on whichever backend it is.
@@ -25,6 +27,7 @@ macro_rules! on {
             Target::Postgres($b) => $call,
             Target::Sqs($b) => $call,
             Target::Azure($b) => $call,
+            Target::Sqlite($b) => $call,
         }
     };
 }
@@ -38,7 +41,9 @@ impl Target {
     /// it may hold a password.
     pub(crate) async fn connect(cli: &Cli) -> Result<Self> {
         let url = cli.backend.as_deref().ok_or_else(|| {
-            config_error("no backend: pass --backend (postgres://…, sqs://QUEUE, azure://QUEUE) or set REDRIVE_URL")
+            config_error(
+                "no backend: pass --backend (postgres://…, sqlite://PATH, sqs://QUEUE, azure://QUEUE) or set REDRIVE_URL",
+            )
         })?;
         let database =
             |url: &str| PgBackend::connect(PgConfig::new(url).with_schema(&cli.schema).with_max_connections(2));
@@ -52,6 +57,12 @@ impl Target {
         };
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ok(Self::Postgres(database(url).await?))
+        } else if let Some(path) = url.strip_prefix("sqlite://") {
+            if !std::path::Path::new(path).exists() {
+                // Opening would create it: an operator's typo should not make an empty queue.
+                return Err(Error::new(ErrorKind::NotFound, "no SQLite database at that path"));
+            }
+            Ok(Self::Sqlite(SqliteBackend::open(SqliteConfig::new(path)).await?))
         } else if let Some(queue) = url.strip_prefix("sqs://") {
             Ok(Self::Sqs(SqsBackend::connect(SqsConfig::new(queue), records().await?).await?))
         } else if let Some(queue) = url.strip_prefix("azure://") {
@@ -61,7 +72,10 @@ impl Target {
             };
             Ok(Self::Azure(AzureBackend::connect(&account, queue, QueueOptions::default(), records().await?).await?))
         } else {
-            Err(Error::new(ErrorKind::InvalidName, "the backend URL must start with postgres://, sqs:// or azure://"))
+            Err(Error::new(
+                ErrorKind::InvalidName,
+                "the backend URL must start with postgres://, sqlite://, sqs:// or azure://",
+            ))
         }
     }
 

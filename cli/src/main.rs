@@ -3,6 +3,7 @@
 //! ```text
 //! redrive --backend postgres://localhost/app failed list --kind charge_order
 //! redrive --backend sqs://orders failed show <ID>          # records in DATABASE_URL
+//! redrive --backend sqlite://app.db queue stats
 //! redrive --backend azure://orders replay --kind ship --older-than 1h --rate 5
 //! redrive discard <ID> --reason "refunded by hand" --by ada
 //! ```
@@ -26,7 +27,8 @@ use crate::backends::Target;
 #[derive(Debug, Parser)]
 #[command(name = "redrive", version, about)]
 struct Cli {
-    /// The queue: `postgres://…` (its records are in the same database), `sqs://QUEUE` (AWS from
+    /// The queue: `postgres://…` (its records are in the same database), `sqlite://PATH` (the
+    /// file), `sqs://QUEUE` (AWS from
     /// the environment as usual; `REDRIVE_SQS_ENDPOINT` for moto), or `azure://QUEUE`
     /// (`AZURE_STORAGE_CONNECTION_STRING`).
     #[arg(long, env = "REDRIVE_URL", global = true, hide_env_values = true)]

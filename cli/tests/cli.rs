@@ -152,3 +152,24 @@ async fn on_sqs_records_are_read_from_the_database_and_a_replay_sends_the_job_ba
     assert_eq!(back.len(), 1, "the job is back on the queue once");
     assert_eq!(back[0].job.key, records[0].key);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqlite_the_file_is_the_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
+    let file = redrive_sqlite::SqliteBackend::open(redrive_sqlite::SqliteConfig::new(&path)).await.unwrap();
+    file.enqueue_batch((1..=2).map(|n| job("ship", n)).collect()).await.unwrap();
+    for c in file.claim(&Kinds::Any, 2, Duration::from_secs(30), Duration::ZERO).await.unwrap() {
+        file.dead_letter(&c, "carrier said no").await.unwrap();
+    }
+    let backend = format!("sqlite://{}", path.display());
+    let listed = json(&redrive(&backend, "-", &["--json", "failed", "list"]));
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+    let id = listed[0]["id"].as_str().unwrap();
+    assert_eq!(json(&redrive(&backend, "-", &["--json", "replay", id]))["replayed"], true);
+    let stats = json(&redrive(&backend, "-", &["--json", "queue", "stats"]));
+    assert_eq!((&stats["queued"], &stats["open_records"]), (&1.into(), &1.into()), "{stats}");
+    let missing = format!("sqlite://{}", dir.path().join("typo.db").display());
+    assert_eq!(redrive(&missing, "-", &["failed", "count"]).status.code(), Some(2), "no file is created");
+    assert!(!dir.path().join("typo.db").exists());
+}

@@ -3,7 +3,7 @@
 
 use askama::Template;
 use chrono::{DateTime, Utc};
-use redrive_core::{Counts, FailureRecord, RecordState, Severity};
+use redrive_core::{Counts, FailureRecord, RecordState};
 
 /// `3h 12m`, to the second below a minute and to the minute above.
 pub(crate) fn age(since: DateTime<Utc>) -> String {
