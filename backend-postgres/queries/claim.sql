@@ -35,6 +35,6 @@ WITH picked AS MATERIALIZED (
         updated_at = now()
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.kind, j.idempotency_key, j.provider_key, j.payload, j.attempts, j.claims, j.cap, j.severity,
-              j.created_at, j.lease_token, j.stranded
+              j.created_at, j.lease_token, j.stranded, j.deadline
 )
 SELECT claimed.*, picked.run_at AS ready_at FROM claimed JOIN picked USING (id)

@@ -3,8 +3,9 @@
 -- order; the keys are then inserted in key order, so that two batches sharing keys wait for each
 -- other instead of deadlocking.
 WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::jsonb[], $5::text[], $6::text[], $7::int[])
-        WITH ORDINALITY AS i(kind, idempotency_key, provider_key, payload, fingerprint, severity, cap, n)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::jsonb[], $5::text[], $6::text[], $7::int[],
+                         $8::timestamptz[])
+        WITH ORDINALITY AS i(kind, idempotency_key, provider_key, payload, fingerprint, severity, cap, deadline, n)
 ), first AS (
     SELECT DISTINCT ON (idempotency_key) * FROM input ORDER BY idempotency_key, n
 ), numbered AS MATERIALIZED (
@@ -15,8 +16,8 @@ WITH input AS (
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING job_id, idempotency_key
 )
-INSERT INTO {schema}.jobs (id, kind, idempotency_key, provider_key, payload, severity, cap)
-SELECT key.job_id, f.kind, f.idempotency_key, f.provider_key, f.payload, f.severity, f.cap
+INSERT INTO {schema}.jobs (id, kind, idempotency_key, provider_key, payload, severity, cap, deadline)
+SELECT key.job_id, f.kind, f.idempotency_key, f.provider_key, f.payload, f.severity, f.cap, f.deadline
 FROM key JOIN numbered f USING (idempotency_key)
 ORDER BY key.job_id
 RETURNING id, idempotency_key

@@ -1,5 +1,6 @@
 -- Close the record and reset its existing job row (a fresh insert with the same key would only be
--- skipped), in one statement: both happen or neither does.
+-- skipped), in one statement: both happen or neither does. A person asked for it to run: its
+-- deadline, if it had one, no longer applies.
 WITH record AS (
     UPDATE {schema}.failed_jobs
     SET state = 'replayed', closed_at = now()
@@ -8,6 +9,6 @@ WITH record AS (
 )
 UPDATE {schema}.jobs
 SET status = 'queued', attempts = 0, stranded = 0, run_at = now(), errors = '[]', last_error = NULL,
-    lease_token = NULL, locked_until = NULL, updated_at = now()
+    lease_token = NULL, locked_until = NULL, updated_at = now(), deadline = NULL
 WHERE id = (SELECT job_id FROM record) AND status = 'failed'
 RETURNING id

@@ -11,4 +11,4 @@ WHERE id IN (
     ORDER BY ready_at, id
     LIMIT ?5
 )
-RETURNING id, kind, idempotency_key, provider_key, payload, attempts, claims, cap, severity, created_at, stranded
+RETURNING id, kind, idempotency_key, provider_key, payload, attempts, claims, cap, severity, created_at, stranded, deadline

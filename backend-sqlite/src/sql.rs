@@ -69,9 +69,10 @@ pub(crate) fn q(sql: &'static str) -> sqlx::query::Query<'static, Sqlite, Sqlite
 
 /// The embedded migrations, tracked in `_sqlx_migrations`.
 pub(crate) fn migrator() -> Migrator {
-    let files: [(i64, &str, &str); 2] = [
+    let files: [(i64, &str, &str); 3] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "broker records", include_str!("../migrations/0002_broker_records.sql")),
+        (3, "deadline", include_str!("../migrations/0003_deadline.sql")),
     ];
     let migrations = files
         .into_iter()

@@ -39,6 +39,7 @@
 //! | 23 | [`purge_forgets`] | after purge the payload is nowhere; re-enqueuing the key runs it once |
 //! | 24 | [`racing_replays`] | two readers paging at once see every record; two replays at once put a job back once |
 //! | 25 | [`reminders`] | a record left open: one reminder per period though two workers sweep, none after its replay |
+//! | 26 | [`expired`] | a job claimed past its deadline: dropped and counted, not run, not a record, not an alert |
 //!
 //! # Running it against your backend
 //!
@@ -236,7 +237,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 25] = [
+pub const SCENARIOS: [&str; 26] = [
     "replay",
     "race",
     "exhaust",
@@ -262,6 +263,7 @@ pub const SCENARIOS: [&str; 25] = [
     "purge_forgets",
     "racing_replays",
     "reminders",
+    "expired",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -272,7 +274,7 @@ macro_rules! suite {
         $crate::suite!(@each $subject; replay race exhaust recover key_conflict undecodable oversized
             dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims slow_handler
             stalled_heartbeat busy_never_dead_letters ledger_outage provider_key_once mixed_kinds crash_loop
-            alert_delivery no_payload_in_logs purge_forgets racing_replays reminders);
+            alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

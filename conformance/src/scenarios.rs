@@ -635,3 +635,27 @@ pub async fn slow_handler<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
     }
     run.report(&ids, &[]).await
 }
+
+/// Behaviour 26: A job claimed past its deadline is dropped and counted: not run, not
+/// dead-lettered, not alerted. A job within its deadline runs.
+pub async fn expired<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
+    let run = Run::new("expired", subject);
+    let late = Probe::new(69).new_job().expires_at(chrono::Utc::now() - chrono::Duration::seconds(1));
+    let timely = Probe::new(70).new_job().expires_in(Duration::from_secs(600));
+    run.must("enqueue", run.s.queue.enqueue(late).await)?;
+    run.must("enqueue", run.s.queue.enqueue(timely).await)?;
+    let worker = run.worker(2);
+    run.wait_for_effects(1).await?;
+    run.wait_for("the late job to be dropped", || {
+        let dropped = worker.stats().expired;
+        async move { dropped >= 1 }
+    })
+    .await?;
+    run.settle().await;
+    let stats = worker.shutdown().await;
+    ensure!(run, stats.expired == 1, "one job should be dropped as expired, {} were", stats.expired);
+    ensure!(run, stats.dead_lettered == 0, "an expired job is not a failure: {} records", stats.dead_lettered);
+    ensure!(run, run.script.effects_of(&Probe::key(69)).is_empty(), "the late job should not run");
+    ensure!(run, run.script.alert_count() == 0, "an expired job raises no alert");
+    run.report(&[70], &[]).await
+}

@@ -289,6 +289,8 @@ pub fn carried_job(
         cap: 1,
         severity: Severity::Error,
         enqueued_at: sent,
+        // An unreadable body is recorded at once, whatever its deadline said.
+        deadline: None,
         payload: Value::String(body.to_owned()),
     };
     (stand_in, Some(why))
@@ -323,6 +325,7 @@ pub fn job_record(id: JobId, env: Envelope, attempt: u32, undecodable: Option<St
         cap: env.cap,
         severity: env.severity,
         enqueued_at: env.enqueued_at,
+        deadline: env.deadline,
         stranded: 0,
         undecodable,
     }

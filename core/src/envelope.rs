@@ -32,6 +32,10 @@ pub struct Envelope {
     /// When the job was first enqueued (RFC 3339, UTC, milliseconds).
     #[serde(serialize_with = "millis")]
     pub enqueued_at: DateTime<Utc>,
+    /// When the job becomes worthless: claimed later, it is dropped unrun (RFC 3339, UTC,
+    /// milliseconds). Absent: no deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "millis_opt")]
+    pub deadline: Option<DateTime<Utc>>,
     /// The job's payload.
     pub payload: Value,
 }
@@ -47,6 +51,7 @@ impl Envelope {
             cap: job.cap,
             severity: job.severity,
             enqueued_at: Utc::now(),
+            deadline: job.deadline,
             payload: job.payload.clone(),
         }
     }
@@ -80,6 +85,13 @@ impl Envelope {
 /// Whole seconds are not enough to order jobs; a fixed precision keeps bodies stable.
 fn millis<S: serde::Serializer>(at: &DateTime<Utc>, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&at.to_rfc3339_opts(SecondsFormat::Millis, true))
+}
+
+fn millis_opt<S: serde::Serializer>(at: &Option<DateTime<Utc>>, serializer: S) -> Result<S::Ok, S::Error> {
+    match at {
+        Some(at) => millis(at, serializer),
+        None => serializer.serialize_none(),
+    }
 }
 
 #[cfg(test)]
@@ -123,6 +135,17 @@ mod tests {
         future["v"] = json!(2);
         assert_eq!(Envelope::decode(future.to_string().as_bytes()).unwrap_err().kind(), ErrorKind::Decode);
     }
+
+    #[test]
+    fn a_deadline_travels_to_the_millisecond_and_is_absent_without_one() {
+        let key = IdempotencyKey::builder("typing").fact("chat", 7).build().unwrap();
+        let job = NewJob::new("typing", key, json!({})).unwrap();
+        assert!(!Envelope::new(&job).encode().contains("deadline"), "no field without a deadline");
+        let at = DateTime::parse_from_rfc3339("2026-12-01T12:00:00.250Z").unwrap().with_timezone(&Utc);
+        let body = Envelope::new(&job.expires_at(at)).encode();
+        assert!(body.contains("\"deadline\":\"2026-12-01T12:00:00.250Z\""), "{body}");
+        assert_eq!(Envelope::decode(body.as_bytes()).unwrap().deadline, Some(at));
+    }
 }
 
-debug_redacted!(Envelope { show: [v, kind, key, provider_key, cap, severity, enqueued_at], hide: [payload] });
+debug_redacted!(Envelope { show: [v, kind, key, provider_key, cap, severity, enqueued_at, deadline], hide: [payload] });

@@ -76,6 +76,9 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     const CAP: Option<u32> = None;
     /// How loudly its failure records alert.
     const SEVERITY: Severity = Severity::Error;
+    /// Work that is worthless late (a typing indicator, a cache warm-up): claimed this long after
+    /// it was enqueued, the job is dropped and counted as expired, not run and not dead-lettered.
+    const EXPIRES_AFTER: Option<Duration> = None;
 
     /// Adds the business facts that identify this job's one intended effect.
     fn key(&self, key: KeyBuilder) -> KeyBuilder;
@@ -96,6 +99,9 @@ pub struct NewJob {
     pub cap: u32,
     /// The alert severity.
     pub severity: Severity,
+    /// Worthless after this time: claimed later, the job is dropped and counted as expired, not
+    /// run and not dead-lettered. `None`: no deadline.
+    pub deadline: Option<DateTime<Utc>>,
 }
 
 impl NewJob {
@@ -107,6 +113,9 @@ impl NewJob {
         let mut new = Self::new(J::KIND, key, payload)?;
         new.cap = J::CAP.unwrap_or(DEFAULT_CAP).max(1);
         new.severity = J::SEVERITY;
+        if let Some(after) = J::EXPIRES_AFTER {
+            new = new.expires_in(after);
+        }
         Ok(new)
     }
 
@@ -121,7 +130,20 @@ impl NewJob {
             payload,
             cap: DEFAULT_CAP,
             severity: Severity::default(),
+            deadline: None,
         })
+    }
+
+    /// Drops the job, unrun, if it is claimed after `at`.
+    pub fn expires_at(mut self, at: DateTime<Utc>) -> Self {
+        self.deadline = Some(at);
+        self
+    }
+
+    /// Drops the job, unrun, if it is claimed more than `after` from now.
+    pub fn expires_in(self, after: Duration) -> Self {
+        let at = Utc::now() + chrono::Duration::from_std(after).unwrap_or(chrono::Duration::MAX);
+        self.expires_at(at)
     }
 
     /// Sets the attempt cap (at least 1).
@@ -222,6 +244,8 @@ pub struct JobRecord {
     pub severity: Severity,
     /// When the job was first enqueued.
     pub enqueued_at: DateTime<Utc>,
+    /// Dropped unrun if claimed after this (see [`NewJob::deadline`]).
+    pub deadline: Option<DateTime<Utc>>,
     /// How many of its claims lapsed before a handler started (a worker died with the job
     /// claimed ahead); their attempts were given back. Where this is above 0 the worker marks the
     /// job started, by renewing its lease, before the handler runs, so that a job that kills its
@@ -363,8 +387,8 @@ mod tests {
     }
 }
 
-debug_redacted!(NewJob { show: [kind, key, provider_key, cap, severity], hide: [payload] });
+debug_redacted!(NewJob { show: [kind, key, provider_key, cap, severity, deadline], hide: [payload] });
 debug_redacted!(JobRecord {
-    show: [id, kind, key, provider_key, attempt, cap, severity, enqueued_at, stranded, undecodable],
+    show: [id, kind, key, provider_key, attempt, cap, severity, enqueued_at, deadline, stranded, undecodable],
     hide: [payload],
 });

@@ -211,6 +211,7 @@ impl State {
                     cap: job.cap,
                     severity: job.severity,
                     enqueued_at: stored.enqueued_at,
+                    deadline: job.deadline,
                     stranded: stored.stranded,
                     undecodable: None,
                 },
@@ -439,6 +440,8 @@ impl Replay for MemoryBackend {
             .ok_or_else(|| Error::new(ErrorKind::NotFound, "the record's job is gone"))?;
         job.attempts = 0;
         job.errors.clear();
+        // A person asked for it to run: its deadline, if it had one, no longer applies.
+        job.job.deadline = None;
         job.status = Status::Queued { ready_at: Instant::now() };
         state.records.get_mut(&n).expect("looked up above").state = RecordState::Replayed { at: Utc::now() };
         drop(state);

@@ -44,6 +44,7 @@ mod tests {
             cap: 5,
             severity: Severity::Error,
             enqueued_at: chrono::Utc::now(),
+            deadline: None,
             stranded: 0,
             undecodable: None,
         };

@@ -152,6 +152,7 @@ impl PgBackend {
                 .bind(&fingerprint)
                 .bind(job.severity.as_str())
                 .bind(job.cap as i32)
+                .bind(job.deadline)
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(|e| db(e, "enqueue"))?;
@@ -427,6 +428,7 @@ fn claimed_from(row: &PgRow) -> Result<Claimed> {
             cap: row.get::<i32, _>("cap") as u32,
             severity: Severity::from_name(row.get("severity")).unwrap_or_default(),
             enqueued_at: row.get("created_at"),
+            deadline: row.get("deadline"),
             stranded: row.get::<i32, _>("stranded").max(0) as u32,
             undecodable: None,
         },
@@ -470,6 +472,7 @@ impl Enqueue for PgBackend {
             .bind(jobs.iter().map(|j| fingerprints[&j.key].clone()).collect::<Vec<_>>())
             .bind(column(|j| j.severity.as_str().to_owned()))
             .bind(jobs.iter().map(|j| j.cap as i32).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.deadline).collect::<Vec<_>>())
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db(e, "batch enqueue"))?;

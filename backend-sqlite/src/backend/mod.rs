@@ -276,6 +276,7 @@ async fn enqueue_on(conn: &mut SqliteConnection, job: &NewJob, fingerprint: &str
         .bind(job.severity.as_str())
         .bind(i64::from(job.cap))
         .bind(now_ms())
+        .bind(job.deadline.map(|at| at.timestamp_millis()))
         .fetch_optional(&mut *conn)
         .await
         .map_err(|e| db(e, "enqueue"))?;
@@ -314,6 +315,7 @@ fn claimed_from(row: &SqliteRow, token: &str) -> Result<Claimed> {
             cap: row.get::<i64, _>("cap").max(0) as u32,
             severity: Severity::from_name(&row.get::<String, _>("severity")).unwrap_or_default(),
             enqueued_at: time(row.get("created_at")),
+            deadline: row.get::<Option<i64>, _>("deadline").map(time),
             stranded: row.get::<i64, _>("stranded").max(0) as u32,
             undecodable: None,
         },

@@ -802,6 +802,7 @@ impl Claim for SqsBackend {
                     cap: job.cap,
                     severity: job.severity,
                     enqueued_at: job.enqueued_at,
+                    deadline: job.deadline,
                     payload: job.payload.clone(),
                 }
                 .encode()

@@ -90,6 +90,12 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             self.counters.add_for(Count::Deferred, &job.kind, 1);
             return self.settle(self.queue.defer(&claimed.lease, self.config.poll).await);
         };
+        if job.deadline.is_some_and(|deadline| deadline < chrono::Utc::now()) {
+            // Worthless late: dropped, counted, not run, not a failure.
+            info!("dropped unrun: claimed past its deadline");
+            self.counters.add_for(Count::Expired, &job.kind, 1);
+            return self.settle(self.queue.complete(&claimed.lease, None).await);
+        }
         // The hold starts when the ledger takes it: no later than now.
         let asked = Instant::now();
         let begin = match &claimed.begun {

@@ -122,10 +122,12 @@ pub struct WorkerStats {
     pub cancelled: u64,
     /// Alerts delivered (one per record and sink).
     pub alerted: u64,
+    /// Jobs dropped unrun because they were claimed past their deadline (work worthless late).
+    pub expired: u64,
 }
 
 #[derive(Debug, Default)]
-struct Counters([AtomicU64; 11]);
+struct Counters([AtomicU64; 12]);
 
 #[derive(Clone, Copy)]
 enum Count {
@@ -140,6 +142,7 @@ enum Count {
     LeaseLost,
     Cancelled,
     Alerted,
+    Expired,
 }
 
 impl Count {
@@ -157,6 +160,7 @@ impl Count {
             Self::LeaseLost => "lease_lost",
             Self::Cancelled => "cancelled",
             Self::Alerted => "alerted",
+            Self::Expired => "expired",
         }
     }
 }
@@ -189,6 +193,7 @@ impl Counters {
             lease_lost: get(Count::LeaseLost),
             cancelled: get(Count::Cancelled),
             alerted: get(Count::Alerted),
+            expired: get(Count::Expired),
         }
     }
 }
