@@ -110,20 +110,20 @@ fn statements() -> Vec<Statement> {
         Statement {
             name: "enqueue",
             sql: file!("enqueue"),
-            types: "text, text, uuid, jsonb, text, text, int, timestamptz",
-            args: |s| format!("'k', '{}', gen_random_uuid(), '{{}}', 'f', 'error', 5, NULL", s.keys[0]),
+            types: "text, text, uuid, jsonb, text, text, int, timestamptz, timestamptz",
+            args: |s| format!("'k', '{}', gen_random_uuid(), '{{}}', 'f', 'error', 5, NULL, NULL", s.keys[0]),
         },
         Statement {
             name: "enqueue_batch",
             sql: file!("enqueue_batch"),
-            types: "text[], text[], uuid[], jsonb[], text[], text[], int[], timestamptz[]",
+            types: "text[], text[], uuid[], jsonb[], text[], text[], int[], timestamptz[], timestamptz[]",
             args: |s| {
                 let n = s.keys.len();
                 format!(
                     "array_fill('k'::text, ARRAY[{n}]), {}, array_fill(gen_random_uuid(), ARRAY[{n}]), \
                      array_fill('{{}}'::jsonb, ARRAY[{n}]), array_fill('f'::text, ARRAY[{n}]), \
                      array_fill('error'::text, ARRAY[{n}]), array_fill(5, ARRAY[{n}]), \
-                     array_fill(NULL::timestamptz, ARRAY[{n}])",
+                     array_fill(NULL::timestamptz, ARRAY[{n}]), array_fill(NULL::timestamptz, ARRAY[{n}])",
                     text_array(&s.keys)
                 )
             },

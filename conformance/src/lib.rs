@@ -40,6 +40,7 @@
 //! | 24 | [`racing_replays`] | two readers paging at once see every record; two replays at once put a job back once |
 //! | 25 | [`reminders`] | a record left open: one reminder per period though two workers sweep, none after its replay |
 //! | 26 | [`expired`] | a job claimed past its deadline: dropped and counted, not run, not a record, not an alert |
+//! | 27 | [`scheduled`] | a job enqueued to run later: no earlier than asked, once, on its first attempt |
 //!
 //! # Running it against your backend
 //!
@@ -237,7 +238,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 26] = [
+pub const SCENARIOS: [&str; 27] = [
     "replay",
     "race",
     "exhaust",
@@ -264,6 +265,7 @@ pub const SCENARIOS: [&str; 26] = [
     "racing_replays",
     "reminders",
     "expired",
+    "scheduled",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -274,7 +276,7 @@ macro_rules! suite {
         $crate::suite!(@each $subject; replay race exhaust recover key_conflict undecodable oversized
             dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims slow_handler
             stalled_heartbeat busy_never_dead_letters ledger_outage provider_key_once mixed_kinds crash_loop
-            alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired);
+            alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

@@ -659,3 +659,29 @@ pub async fn expired<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, 
     ensure!(run, run.script.alert_count() == 0, "an expired job raises no alert");
     run.report(&[70], &[]).await
 }
+
+/// Behaviour 27: A job enqueued to run later (`enqueue_in`) runs no earlier than asked, once,
+/// on its first attempt: waiting for its time costs no attempt, natively or put back by the
+/// worker.
+pub async fn scheduled<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
+    let run = Run::new("scheduled", subject);
+    let delay = run.s.timing.lease * 2;
+    let asked = tokio::time::Instant::now();
+    let job = Probe::new(71).new_job();
+    run.must("enqueue", redrive_core::EnqueueExt::enqueue_in(&run.s.queue, job, delay).await)?;
+    let worker = run.worker(1);
+    run.wait_for_effects(1).await?;
+    let took = asked.elapsed();
+    run.settle().await;
+    worker.shutdown().await;
+    // Times are kept to the millisecond.
+    ensure!(
+        run,
+        took + Duration::from_millis(5) >= delay,
+        "the job ran {took:?} after it was enqueued, asked {delay:?}"
+    );
+    let effects = run.script.effects_of(&Probe::key(71));
+    ensure!(run, effects.len() == 1, "one effect expected, got {}", effects.len());
+    ensure!(run, effects[0].attempt == 1, "waiting should cost no attempt: it ran on attempt {}", effects[0].attempt);
+    run.report(&[71], &[]).await
+}

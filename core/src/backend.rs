@@ -72,6 +72,10 @@ pub struct Capabilities {
     pub min_lease: Duration,
     /// Deliveries are pushed to the application (QStash) rather than claimed.
     pub push_delivery: bool,
+    /// The longest delay the backend holds a scheduled job back by itself
+    /// ([`NewJob::not_before`]); `None`: none. A job claimed before its time (past this cap, or
+    /// on a backend without one) is put back by the worker until then, at no attempt's cost.
+    pub max_delay: Option<Duration>,
 }
 
 impl Default for Capabilities {
@@ -87,6 +91,7 @@ impl Default for Capabilities {
             claim_by_kind: true,
             min_lease: Duration::from_millis(1),
             push_delivery: false,
+            max_delay: Some(Duration::MAX),
         }
     }
 }
@@ -152,6 +157,16 @@ pub trait EnqueueExt: Enqueue {
     fn enqueue_job<J: Job + Sync>(&self, job: &J) -> impl Future<Output = Result<Enqueued>> + Send {
         let new = NewJob::from_job(job);
         async move { self.enqueue(new?).await }
+    }
+
+    /// Enqueues `job` to run no earlier than `at`.
+    fn enqueue_at(&self, job: NewJob, at: DateTime<Utc>) -> impl Future<Output = Result<Enqueued>> + Send {
+        self.enqueue(job.run_at(at))
+    }
+
+    /// Enqueues `job` to run no earlier than `delay` from now.
+    fn enqueue_in(&self, job: NewJob, delay: Duration) -> impl Future<Output = Result<Enqueued>> + Send {
+        self.enqueue(job.run_in(delay))
     }
 }
 

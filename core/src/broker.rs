@@ -291,6 +291,7 @@ pub fn carried_job(
         enqueued_at: sent,
         // An unreadable body is recorded at once, whatever its deadline said.
         deadline: None,
+        not_before: None,
         payload: Value::String(body.to_owned()),
     };
     (stand_in, Some(why))
@@ -326,6 +327,7 @@ pub fn job_record(id: JobId, env: Envelope, attempt: u32, undecodable: Option<St
         severity: env.severity,
         enqueued_at: env.enqueued_at,
         deadline: env.deadline,
+        not_before: env.not_before,
         stranded: 0,
         undecodable,
     }

@@ -36,6 +36,10 @@ pub struct Envelope {
     /// milliseconds). Absent: no deadline.
     #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "millis_opt")]
     pub deadline: Option<DateTime<Utc>>,
+    /// Not to run before this time (RFC 3339, UTC, milliseconds): a worker that receives it
+    /// earlier puts it back until then. Absent: at once.
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "millis_opt")]
+    pub not_before: Option<DateTime<Utc>>,
     /// The job's payload.
     pub payload: Value,
 }
@@ -52,6 +56,7 @@ impl Envelope {
             severity: job.severity,
             enqueued_at: Utc::now(),
             deadline: job.deadline,
+            not_before: job.not_before,
             payload: job.payload.clone(),
         }
     }
@@ -148,4 +153,7 @@ mod tests {
     }
 }
 
-debug_redacted!(Envelope { show: [v, kind, key, provider_key, cap, severity, enqueued_at, deadline], hide: [payload] });
+debug_redacted!(Envelope {
+    show: [v, kind, key, provider_key, cap, severity, enqueued_at, deadline, not_before],
+    hide: [payload]
+});

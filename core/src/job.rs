@@ -102,6 +102,9 @@ pub struct NewJob {
     /// Worthless after this time: claimed later, the job is dropped and counted as expired, not
     /// run and not dead-lettered. `None`: no deadline.
     pub deadline: Option<DateTime<Utc>>,
+    /// Not to run before this time (see [`EnqueueExt::enqueue_at`](crate::EnqueueExt::enqueue_at)).
+    /// `None`: as soon as a worker is free.
+    pub not_before: Option<DateTime<Utc>>,
 }
 
 impl NewJob {
@@ -131,7 +134,20 @@ impl NewJob {
             cap: DEFAULT_CAP,
             severity: Severity::default(),
             deadline: None,
+            not_before: None,
         })
+    }
+
+    /// Runs the job no earlier than `at`.
+    pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
+        self.not_before = Some(at);
+        self
+    }
+
+    /// Runs the job no earlier than `after` from now.
+    pub fn run_in(self, after: Duration) -> Self {
+        let at = Utc::now() + chrono::Duration::from_std(after).unwrap_or(chrono::Duration::MAX);
+        self.run_at(at)
     }
 
     /// Drops the job, unrun, if it is claimed after `at`.
@@ -246,6 +262,9 @@ pub struct JobRecord {
     pub enqueued_at: DateTime<Utc>,
     /// Dropped unrun if claimed after this (see [`NewJob::deadline`]).
     pub deadline: Option<DateTime<Utc>>,
+    /// Not to run before this time, where the backend could not hold the job back itself (a
+    /// broker's delay is capped): the worker defers a job claimed early, at no attempt's cost.
+    pub not_before: Option<DateTime<Utc>>,
     /// How many of its claims lapsed before a handler started (a worker died with the job
     /// claimed ahead); their attempts were given back. Where this is above 0 the worker marks the
     /// job started, by renewing its lease, before the handler runs, so that a job that kills its
@@ -387,8 +406,21 @@ mod tests {
     }
 }
 
-debug_redacted!(NewJob { show: [kind, key, provider_key, cap, severity, deadline], hide: [payload] });
+debug_redacted!(NewJob { show: [kind, key, provider_key, cap, severity, deadline, not_before], hide: [payload] });
 debug_redacted!(JobRecord {
-    show: [id, kind, key, provider_key, attempt, cap, severity, enqueued_at, deadline, stranded, undecodable],
+    show: [
+        id,
+        kind,
+        key,
+        provider_key,
+        attempt,
+        cap,
+        severity,
+        enqueued_at,
+        deadline,
+        not_before,
+        stranded,
+        undecodable
+    ],
     hide: [payload],
 });

@@ -153,7 +153,8 @@ impl State {
         self.next_id += 1;
         let id = self.next_id;
         self.by_key.insert(job.key.clone(), id);
-        let status = Status::Queued { ready_at: Instant::now() };
+        let wait = job.not_before.and_then(|at| (at - Utc::now()).to_std().ok()).unwrap_or_default();
+        let status = Status::Queued { ready_at: Instant::now() + wait };
         let stored = StoredJob {
             job,
             fingerprint,
@@ -212,6 +213,8 @@ impl State {
                     severity: job.severity,
                     enqueued_at: stored.enqueued_at,
                     deadline: job.deadline,
+                    // Held back until then by its ready time.
+                    not_before: None,
                     stranded: stored.stranded,
                     undecodable: None,
                 },

@@ -45,6 +45,7 @@ mod tests {
             severity: Severity::Error,
             enqueued_at: chrono::Utc::now(),
             deadline: None,
+            not_before: None,
             stranded: 0,
             undecodable: None,
         };

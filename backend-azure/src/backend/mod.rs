@@ -431,6 +431,8 @@ impl Backend for AzureBackend {
             claim_by_kind: false,
             min_lease: Duration::from_secs(1),
             push_delivery: false,
+            // Not sent invisible yet: the worker puts a job received early back until its time.
+            max_delay: None,
         }
     }
 }

@@ -153,6 +153,7 @@ impl PgBackend {
                 .bind(job.severity.as_str())
                 .bind(job.cap as i32)
                 .bind(job.deadline)
+                .bind(job.not_before)
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(|e| db(e, "enqueue"))?;
@@ -429,6 +430,8 @@ fn claimed_from(row: &PgRow) -> Result<Claimed> {
             severity: Severity::from_name(row.get("severity")).unwrap_or_default(),
             enqueued_at: row.get("created_at"),
             deadline: row.get("deadline"),
+            // Held back until then by `run_at`.
+            not_before: None,
             stranded: row.get::<i32, _>("stranded").max(0) as u32,
             undecodable: None,
         },
@@ -473,6 +476,7 @@ impl Enqueue for PgBackend {
             .bind(column(|j| j.severity.as_str().to_owned()))
             .bind(jobs.iter().map(|j| j.cap as i32).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.deadline).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.not_before).collect::<Vec<_>>())
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db(e, "batch enqueue"))?;
@@ -539,6 +543,8 @@ impl Backend for PgBackend {
             claim_by_kind: true,
             min_lease: Duration::from_millis(1),
             push_delivery: false,
+            // `run_at`: a scheduled job is not claimable before it.
+            max_delay: Some(Duration::MAX),
         }
     }
 }

@@ -277,6 +277,7 @@ async fn enqueue_on(conn: &mut SqliteConnection, job: &NewJob, fingerprint: &str
         .bind(i64::from(job.cap))
         .bind(now_ms())
         .bind(job.deadline.map(|at| at.timestamp_millis()))
+        .bind(job.not_before.map(|at| at.timestamp_millis()))
         .fetch_optional(&mut *conn)
         .await
         .map_err(|e| db(e, "enqueue"))?;
@@ -316,6 +317,8 @@ fn claimed_from(row: &SqliteRow, token: &str) -> Result<Claimed> {
             severity: Severity::from_name(&row.get::<String, _>("severity")).unwrap_or_default(),
             enqueued_at: time(row.get("created_at")),
             deadline: row.get::<Option<i64>, _>("deadline").map(time),
+            // Held back until then by `ready_at`.
+            not_before: None,
             stranded: row.get::<i64, _>("stranded").max(0) as u32,
             undecodable: None,
         },
@@ -366,6 +369,8 @@ impl Backend for SqliteBackend {
             claim_by_kind: true,
             min_lease: Duration::from_millis(1),
             push_delivery: false,
+            // `ready_at`: a scheduled job is not claimable before it.
+            max_delay: Some(Duration::MAX),
         }
     }
 }

@@ -670,6 +670,8 @@ impl Backend for SqsBackend {
             claim_by_kind: false,
             min_lease: Duration::from_secs(1),
             push_delivery: false,
+            // Not sent with a delay yet: the worker puts a job received early back until its time.
+            max_delay: None,
         }
     }
 }
@@ -803,6 +805,7 @@ impl Claim for SqsBackend {
                     severity: job.severity,
                     enqueued_at: job.enqueued_at,
                     deadline: job.deadline,
+                    not_before: job.not_before,
                     payload: job.payload.clone(),
                 }
                 .encode()

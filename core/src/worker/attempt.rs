@@ -90,7 +90,14 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             self.counters.add_for(Count::Deferred, &job.kind, 1);
             return self.settle(self.queue.defer(&claimed.lease, self.config.poll).await);
         };
-        if job.deadline.is_some_and(|deadline| deadline < chrono::Utc::now()) {
+        let now = chrono::Utc::now();
+        if let Some(wait) = job.not_before.and_then(|at| (at - now).to_std().ok()).filter(|w| !w.is_zero()) {
+            // Received before its time (a broker's delay is capped): back until then, no attempt.
+            info!(due_in_ms = wait.as_millis() as u64, "not due yet; put back until its time");
+            self.counters.add_for(Count::Deferred, &job.kind, 1);
+            return self.settle(self.queue.defer(&claimed.lease, wait).await);
+        }
+        if job.deadline.is_some_and(|deadline| deadline < now) {
             // Worthless late: dropped, counted, not run, not a failure.
             info!("dropped unrun: claimed past its deadline");
             self.counters.add_for(Count::Expired, &job.kind, 1);
