@@ -579,8 +579,11 @@ pub(crate) async fn metrics<B: Records>(State(app): Shared<B>) -> Response {
     if let Some(scheduled) = counts.scheduled {
         metrics::gauge!("redrive_queue_jobs", "state" => "scheduled").set(scheduled as f64);
     }
-    metrics::gauge!("redrive_oldest_ready_job_seconds")
-        .set(counts.oldest_ready.unwrap_or(Duration::ZERO).as_secs_f64());
+    // Zero only where nothing is ready; a broker that cannot tell (SQS, Azure) reports no figure.
+    let nothing_ready = counts.scheduled.is_some_and(|s| counts.queued <= s);
+    if let Some(wait) = counts.oldest_ready.or(nothing_ready.then_some(Duration::ZERO)) {
+        metrics::gauge!("redrive_oldest_ready_job_seconds").set(wait.as_secs_f64());
+    }
     metrics::gauge!("redrive_open_records").set(open as f64);
     let oldest = oldest.map_or(0.0, |at| (Utc::now() - at).num_milliseconds().max(0) as f64 / 1000.0);
     metrics::gauge!("redrive_oldest_open_record_seconds").set(oldest);
