@@ -346,7 +346,20 @@ pub async fn purge_forgets<Q: Queue, L: Ledger + Clone + 'static>(subject: Subje
     ensure!(run, purged == 1, "one record to purge, purged {purged}");
     ensure!(run, !storage(canary.clone()).await, "after the purge the payload should be nowhere in the backend");
     run.script.heal();
-    let again = run.must("enqueue after the purge", run.s.queue.enqueue(job).await)?;
+    let again = run.must("enqueue after the purge", run.s.queue.enqueue(job.clone()).await)?;
+    if let (Dedupe::Window(window), false) = (run.caps.dedupe, again.is_created()) {
+        // A broker's deduplication window (QStash) holds the key whatever the purge, until the
+        // window ends: the enqueue says so, typed, and nothing runs or is recorded.
+        ensure!(
+            run,
+            matches!(again, Enqueued::Duplicate { .. }),
+            "within the broker's {window:?} window a purged key should answer Duplicate, got {again:?}"
+        );
+        run.settle().await;
+        ensure!(run, run.script.effects_of(&job.key).is_empty(), "a job the broker dropped should not run");
+        ensure!(run, run.must("count", run.s.queue.count_open().await)? == 0, "nothing should be recorded");
+        return Ok(crate::Report::default());
+    }
     ensure!(run, again.is_created(), "a purged key is free: enqueued again it should be created, got {again:?}");
     let worker = run.worker(1);
     run.wait_for_effects(1).await?;

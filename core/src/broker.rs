@@ -88,6 +88,19 @@ pub trait Broker: Send + Sync {
     /// One drain at a time in a process (others take other messages).
     fn drain_lock(&self) -> &tokio::sync::Mutex<()>;
 
+    /// Removes a closed record's message from the dead-letter queue, where a drain leaves it
+    /// (QStash: the entry stays while the record is open, for its retry API). Nothing by default:
+    /// a drain deletes what it keeps.
+    fn forget_dead(&self, _record: &FailureId) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Deletes from the dead-letter queue what a purge of records older than `age` removes, before
+    /// the store forgets them (else a drain would keep them again). Nothing by default.
+    fn purge_dead(&self, _age: Duration) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+
     /// A test aid: a replay stops between its send and closing the record, as a crash would.
     #[doc(hidden)]
     fn stop_after_replay_send(&self) -> bool {
@@ -151,11 +164,12 @@ impl<B: Broker> DeadLetter for B {
         if self.record_store().close_record(self.record_scope(), id, &state).await?.is_none() {
             info!(record = %id, kind = %record.kind, key = %record.key, actor, reason, "failure record discarded");
         }
-        Ok(())
+        self.forget_dead(id).await
     }
 
     async fn purge(&self, age: Duration) -> Result<u64> {
         drain(self).await?;
+        self.purge_dead(age).await?;
         self.record_store().purge_records(self.record_scope(), age).await
     }
 }

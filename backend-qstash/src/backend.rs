@@ -1,0 +1,614 @@
+//! `QStashBackend`: the redrive contracts on QStash's push delivery. A delivery is parked here
+//! until a worker's verdict answers it; the worker claims parked deliveries as it claims jobs
+//! elsewhere, so handlers, keys and records are the same code as on every other backend.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use redrive_core::broker::{Broker, Drained, not_all_sent};
+use redrive_core::{
+    AttemptError, Backend, Capabilities, Claim, Claimed, Counts, Dedupe, Enqueue, Enqueued, Envelope, Error, ErrorKind,
+    FailureId, FailureQuery, JobId, JobRecord, Kinds, Lease, NewJob, QueueStats, RecordState, RecordStore, Renew, Result,
+    payload_fingerprint,
+};
+use sha2::{Digest, Sha256};
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::api::{Api, BATCH, Outgoing};
+use crate::config::QStashConfig;
+use crate::dead::{self, COPIED_AT, Carried, ERRORS, FAILED_AT, JOB_ID, SPENT};
+use crate::signature::Verifier;
+
+/// Room kept in a message for the envelope's fields and the headers a copy adds (the error
+/// history, base64url JSON, is the largest).
+const MESSAGE_ROOM: usize = 16 * 1024;
+/// QStash's deduplication window.
+const DEDUPE_WINDOW: Duration = Duration::from_secs(600);
+/// The longest `Upstash-Not-Before` / `Upstash-Delay` the backend sends: QStash's plans allow 7
+/// days at least.
+const MAX_DELAY: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// redrive on Upstash QStash. Clones share one client and one set of parked deliveries: mount
+/// [`receiver`](Self::receiver) in the same process as the workers that claim from it.
+#[derive(Clone)]
+pub struct QStashBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) api: Api,
+    pub(crate) config: QStashConfig,
+    pub(crate) verifier: Verifier,
+    records: Arc<dyn RecordStore>,
+    scope: String,
+    /// Deliveries no worker has claimed yet, oldest first.
+    waiting: Mutex<VecDeque<Arc<Delivery>>>,
+    arrived: Notify,
+    /// Claimed deliveries by lease token.
+    held: Mutex<HashMap<String, Arc<Delivery>>>,
+    draining: tokio::sync::Mutex<()>,
+    cursor: Mutex<Cursor>,
+    fail_after_replay_send: AtomicBool,
+}
+
+/// Where a drain's listing of the DLQ stands.
+enum Cursor {
+    Start,
+    At(String),
+    End,
+}
+
+/// A verified delivery, parked until its verdict.
+pub(crate) struct Delivery {
+    pub(crate) job: JobRecord,
+    pub(crate) message_id: String,
+    pub(crate) retried: u32,
+    pub(crate) carried: Carried,
+    /// The raw body, sent again by a copy.
+    pub(crate) body: String,
+    pub(crate) arrived: Instant,
+    /// When QStash stops waiting for the answer, less a margin to send it.
+    pub(crate) answer_by: Instant,
+    pub(crate) state: Mutex<State>,
+    /// Told when the state changes, so the parked request looks at its deadline again.
+    pub(crate) changed: Notify,
+    pub(crate) verdict: Mutex<Option<oneshot::Sender<Verdict>>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum State {
+    Waiting,
+    Claimed { token: String, until: Instant },
+    Settled,
+}
+
+/// The answer a parked delivery gets.
+#[derive(Debug)]
+pub(crate) struct Verdict {
+    pub(crate) status: u16,
+    pub(crate) retry_after: Option<Duration>,
+    pub(crate) non_retryable: bool,
+    pub(crate) failed_at: Option<i64>,
+    pub(crate) body: String,
+}
+
+impl Verdict {
+    pub(crate) fn ok() -> Self {
+        Self { status: 200, retry_after: None, non_retryable: false, failed_at: None, body: String::new() }
+    }
+
+    pub(crate) fn again(status: u16, after: Duration, body: impl Into<String>) -> Self {
+        Self { status, retry_after: Some(after), non_retryable: false, failed_at: None, body: body.into() }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lease_lost() -> Error {
+    Error::new(ErrorKind::LeaseLost, "the delivery's lease is no longer held: it lapsed or was settled")
+}
+
+fn seconds(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+fn hex_sha256(parts: &[&str]) -> String {
+    hex::encode(Sha256::digest(serde_json::to_vec(parts).expect("strings serialize")))
+}
+
+impl QStashBackend {
+    /// Connects: checks the configuration, the token (`GET /v2/keys`; a refused token is a
+    /// `Config` error here, not at the first publish) and the record store, and takes the signing
+    /// keys from QStash unless the configuration gives them. `records` keeps the failure records
+    /// (your database: `redrive-postgres` or `redrive-sqlite`), scoped to this destination.
+    pub async fn connect(config: QStashConfig, records: Arc<dyn RecordStore>) -> Result<Self> {
+        config.check()?;
+        let api = Api::new(&config.api_url, &config.token, Duration::from_secs(30))?;
+        let keys = api.signing_keys().await?;
+        let keys = config.signing_keys.clone().unwrap_or(keys);
+        let scope = format!("qstash:{}", config.destination);
+        records.open_records(&scope).await?;
+        let verifier = Verifier::new(keys, config.destination.clone(), config.leeway, config.clock.clone());
+        Ok(Self {
+            inner: Arc::new(Inner {
+                api,
+                verifier,
+                records,
+                scope,
+                waiting: Mutex::new(VecDeque::new()),
+                arrived: Notify::new(),
+                held: Mutex::new(HashMap::new()),
+                draining: tokio::sync::Mutex::new(()),
+                cursor: Mutex::new(Cursor::Start),
+                fail_after_replay_send: AtomicBool::new(false),
+                config,
+            }),
+        })
+    }
+
+    /// Publish and batch requests made so far (the benchmark's publishes per job).
+    pub fn publish_requests(&self) -> u64 {
+        self.inner.api.publishes.load(Ordering::Relaxed)
+    }
+
+    /// Whether `text` is in a record, a DLQ entry or a delivery parked here (a test aid: a purge
+    /// forgets payloads).
+    #[doc(hidden)]
+    pub async fn holds_text(&self, text: &str) -> Result<bool> {
+        let parked = |d: &Arc<Delivery>| d.body.contains(text);
+        if lock(&self.inner.waiting).iter().any(parked) || lock(&self.inner.held).values().any(parked) {
+            return Ok(true);
+        }
+        if self.inner.records.records_mention(&self.inner.scope, text).await? {
+            return Ok(true);
+        }
+        let mut cursor = None;
+        loop {
+            let (entries, next) = self.inner.api.dlq_page(cursor.as_deref()).await?;
+            if entries.iter().any(|e| e.body.as_deref().is_some_and(|b| b.contains(text))) {
+                return Ok(true);
+            }
+            match next {
+                Some(next) if !entries.is_empty() => cursor = Some(next),
+                _ => return Ok(false),
+            }
+        }
+    }
+
+    /// A test aid: replays stop between their send and closing the record, as a crash would.
+    #[doc(hidden)]
+    pub fn fail_after_replay_send(&self, fail: bool) {
+        self.inner.fail_after_replay_send.store(fail, Ordering::Relaxed);
+    }
+
+    fn check_job(&self, job: &NewJob) -> Result<()> {
+        job.check_size(self.capabilities().max_payload)?;
+        if job.cap.saturating_sub(1) > self.inner.config.max_retries {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "job {} has a cap of {} attempts; QStash retries at most {} times on this plan",
+                    job.key, job.cap, self.inner.config.max_retries
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The headers every message carries: its retries, the delivery timeout, the body's type.
+    fn common_headers(&self, retries: u32) -> Vec<(String, String)> {
+        vec![
+            ("Content-Type".into(), "application/json".into()),
+            ("Upstash-Retries".into(), retries.to_string()),
+            ("Upstash-Timeout".into(), format!("{}s", seconds(self.inner.config.delivery_timeout))),
+        ]
+    }
+
+    /// A job's first message: dedupe on the key and the payload's fingerprint, the cap as
+    /// retries, its time if scheduled.
+    fn first_message(&self, job: &NewJob, dedupe: &str) -> Outgoing {
+        let mut headers = self.common_headers(job.cap.saturating_sub(1));
+        headers.push(("Upstash-Deduplication-Id".into(), dedupe.to_owned()));
+        if let Some(at) = job.not_before.filter(|at| *at > Utc::now()) {
+            // Whole seconds, rounded up: never delivered before the time asked.
+            let secs = at.timestamp() + i64::from(at.timestamp_subsec_nanos() > 0);
+            headers.push(("Upstash-Not-Before".into(), secs.to_string()));
+        }
+        Outgoing { headers, body: Envelope::new(job).encode() }
+    }
+
+    fn dedupe_id(job: &NewJob) -> String {
+        hex_sha256(&[job.key.as_str(), &job.fingerprint()])
+    }
+
+    /// Publishes the delivery's next copy after `delay`, carrying `spent` attempts and `errors`:
+    /// a retry or a deferral. Its deduplication id is the delivery's and the verdict's, so a
+    /// delivery answered twice (a lost answer, redelivered) sends one copy.
+    async fn publish_copy(&self, d: &Delivery, spent: u32, errors: &[AttemptError], delay: Duration, why: &str) -> Result<()> {
+        let mut headers = self.common_headers(d.job.cap.saturating_sub(1).saturating_sub(spent));
+        let dedupe = hex_sha256(&[&d.message_id, &d.retried.to_string(), why]);
+        headers.push(("Upstash-Deduplication-Id".into(), dedupe));
+        let delay = delay.min(MAX_DELAY);
+        if delay >= Duration::from_millis(500) {
+            headers.push(("Upstash-Delay".into(), format!("{}s", seconds(delay))));
+        }
+        let forward = |name: &str| format!("Upstash-Forward-{name}");
+        headers.push((forward(JOB_ID), d.job.id.0.clone()));
+        headers.push((forward(SPENT), spent.to_string()));
+        if !errors.is_empty() {
+            headers.push((forward(ERRORS), dead::encode_errors(errors)));
+        }
+        headers.push((forward(COPIED_AT), Utc::now().timestamp_millis().to_string()));
+        let message = Outgoing { headers, body: d.body.clone() };
+        self.inner.api.publish(&self.inner.config.destination, self.inner.config.queue.as_deref(), message).await?;
+        Ok(())
+    }
+
+    /// The claimed delivery `lease` names, now settled: no other settlement or lapse can take it.
+    fn settle(&self, lease: &Lease) -> Result<Arc<Delivery>> {
+        let delivery = lock(&self.inner.held).remove(&lease.token).ok_or_else(lease_lost)?;
+        let mut state = lock(&delivery.state);
+        match &*state {
+            State::Claimed { token, until } if *token == lease.token && Instant::now() <= *until => {
+                *state = State::Settled;
+                drop(state);
+                Ok(delivery)
+            }
+            _ => Err(lease_lost()),
+        }
+    }
+
+    fn answer(delivery: &Delivery, verdict: Verdict) -> Result<()> {
+        let sender = lock(&delivery.verdict).take().ok_or_else(lease_lost)?;
+        // QStash stopped waiting (or the connection dropped): it delivers the message again.
+        sender.send(verdict).map_err(|_| lease_lost())
+    }
+
+    /// Parks a verified delivery for the workers; called by the receiver.
+    pub(crate) fn park(&self, delivery: Arc<Delivery>) {
+        lock(&self.inner.waiting).push_back(delivery);
+        self.inner.arrived.notify_waiters();
+    }
+
+    /// What a parked delivery whose time ran out is answered, if its time did run out: one no
+    /// worker claimed goes back to QStash as a copy at no attempt's cost; one whose lease lapsed
+    /// (its worker died or stalled) gets a 500, and QStash's retry counts the attempt.
+    pub(crate) async fn lapse(&self, d: &Arc<Delivery>) -> Option<Verdict> {
+        let now = Instant::now();
+        let lapsed = {
+            let mut state = lock(&d.state);
+            match &*state {
+                State::Waiting if now >= d.arrived + self.inner.config.park_limit.min(d.answer_by - d.arrived) => {
+                    lock(&self.inner.waiting).retain(|w| !Arc::ptr_eq(w, d));
+                    *state = State::Settled;
+                    Some(None)
+                }
+                State::Claimed { token, until } if now >= *until => {
+                    lock(&self.inner.held).remove(token);
+                    *state = State::Settled;
+                    Some(Some(()))
+                }
+                _ => None,
+            }
+        }?;
+        if lapsed.is_some() {
+            warn!(job = %d.job.id, kind = %d.job.kind, key = %d.job.key, attempt = d.job.attempt,
+                "a claimed QStash delivery's lease lapsed; answered 500 for QStash to retry");
+            return Some(Verdict::again(500, Duration::from_secs(1), "the worker's lease lapsed"));
+        }
+        let spent = d.job.attempt.saturating_sub(1);
+        Some(match self.publish_copy(d, spent, &d.carried.errors, Duration::ZERO, "unclaimed").await {
+            Ok(()) => Verdict::ok(),
+            Err(e) => {
+                warn!(job = %d.job.id, kind = %d.job.kind, key = %d.job.key, error = %e,
+                    "no worker claimed a QStash delivery and its copy could not be sent; QStash retries it");
+                Verdict::again(503, Duration::from_secs(1), "no worker was free")
+            }
+        })
+    }
+
+    fn take(&self, kinds: &Kinds, max: usize, lease: Duration) -> Vec<Claimed> {
+        let mut waiting = lock(&self.inner.waiting);
+        let mut taken = Vec::new();
+        let now = Instant::now();
+        let mut i = 0;
+        while i < waiting.len() && taken.len() < max {
+            let wanted = kinds.wants(&waiting[i].job.kind) || waiting[i].job.undecodable.is_some();
+            if !wanted {
+                i += 1;
+                continue;
+            }
+            let d = waiting.remove(i).expect("within the queue");
+            let token = uuid::Uuid::new_v4().to_string();
+            *lock(&d.state) = State::Claimed { token: token.clone(), until: (now + lease).min(d.answer_by) };
+            d.changed.notify_one();
+            lock(&self.inner.held).insert(token.clone(), d.clone());
+            taken.push(Claimed { job: d.job.clone(), lease: Lease { job_id: d.job.id.clone(), token }, begun: None });
+        }
+        taken
+    }
+
+    /// The record store's view of whether this delivery is a replay from the DLQ: QStash sends a
+    /// retried entry with the headers its last copy had, so a job replayed after copies would
+    /// otherwise count their attempts again.
+    pub(crate) async fn replayed_since_copy(&self, job_id: &JobId, copied_at: chrono::DateTime<Utc>) -> bool {
+        match self.inner.records.records(&self.inner.scope, &FailureQuery::by_job(job_id.clone())).await {
+            Ok(records) => records.iter().any(|r| matches!(r.state, RecordState::Replayed { at } if at >= copied_at)),
+            Err(e) => {
+                warn!(job = %job_id, error = %e, "could not read the record store to tell a replay; counting the copy's attempts");
+                false
+            }
+        }
+    }
+}
+
+impl Backend for QStashBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            dedupe: Dedupe::Window(DEDUPE_WINDOW),
+            max_payload: self.inner.config.max_message.saturating_sub(MESSAGE_ROOM),
+            max_claim: 128,
+            atomic_batch: false,
+            release_refunds: true,
+            crash_refunds: false,
+            claim_by_kind: true,
+            min_lease: Duration::from_millis(10),
+            push_delivery: true,
+            max_delay: Some(MAX_DELAY),
+        }
+    }
+}
+
+impl Enqueue for QStashBackend {
+    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        self.check_job(&job)?;
+        let message = self.first_message(&job, &Self::dedupe_id(&job));
+        let published =
+            self.inner.api.publish(&self.inner.config.destination, self.inner.config.queue.as_deref(), message).await?;
+        let id = JobId(published.message_id);
+        Ok(if published.deduplicated { Enqueued::Duplicate { id, provider_key: None } } else { Enqueued::Created(id) })
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        for job in &jobs {
+            self.check_job(job)?;
+        }
+        let mut answers = Vec::with_capacity(jobs.len());
+        for chunk in jobs.chunks(BATCH) {
+            let messages = chunk.iter().map(|j| self.first_message(j, &Self::dedupe_id(j))).collect();
+            let published = match self
+                .inner
+                .api
+                .batch(&self.inner.config.destination, self.inner.config.queue.as_deref(), messages)
+                .await
+            {
+                Ok(published) if published.len() == chunk.len() => published,
+                Ok(_) => return Err(Error::temporary("QStash batch publish: not one answer per message")),
+                Err(e) => {
+                    let sent: Vec<bool> = (0..jobs.len()).map(|i| i < answers.len()).collect();
+                    return Err(not_all_sent("QStash", &jobs, &sent, e.message(), (e.kind(), e.retry())));
+                }
+            };
+            answers.extend(published.into_iter().map(|p| {
+                let id = JobId(p.message_id);
+                if p.deduplicated { Enqueued::Duplicate { id, provider_key: None } } else { Enqueued::Created(id) }
+            }));
+        }
+        Ok(answers)
+    }
+}
+
+impl Claim for QStashBackend {
+    async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let arrived = self.inner.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            let taken = self.take(kinds, max, lease);
+            if !taken.is_empty() || Instant::now() >= deadline {
+                return Ok(taken);
+            }
+            tokio::select! {
+                () = arrived => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    async fn complete(&self, lease: &Lease, _result: Option<&serde_json::Value>) -> Result<()> {
+        Self::answer(&*self.settle(lease)?, Verdict::ok())
+    }
+
+    async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
+        let d = self.settle(lease)?;
+        let errors = redrive_core::broker::add_error(d.carried.errors.clone(), d.job.attempt, error);
+        let verdict = match self.publish_copy(&d, d.job.attempt, &errors, delay, "retry").await {
+            Ok(()) => Verdict::ok(),
+            Err(e) => {
+                warn!(job = %d.job.id, kind = %d.job.kind, key = %d.job.key, attempt = d.job.attempt, error = %e,
+                    "the retry's copy could not be published; QStash retries the delivery itself");
+                Verdict::again(500, delay.max(Duration::from_secs(1)), redrive_core::broker::last_error(error))
+            }
+        };
+        Self::answer(&d, verdict)
+    }
+
+    async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        let d = self.settle(lease)?;
+        let spent = d.job.attempt.saturating_sub(1);
+        let verdict = match self.publish_copy(&d, spent, &d.carried.errors, delay, "defer").await {
+            Ok(()) => Verdict::ok(),
+            Err(e) => {
+                warn!(job = %d.job.id, kind = %d.job.kind, key = %d.job.key, error = %e,
+                    "the deferral's copy could not be published; QStash retries the delivery itself");
+                Verdict::again(503, delay.max(Duration::from_secs(1)), "deferred")
+            }
+        };
+        Self::answer(&d, verdict)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let d = lock(&self.inner.held).remove(&lease.token).ok_or_else(lease_lost)?;
+        {
+            let mut state = lock(&d.state);
+            if !matches!(&*state, State::Claimed { token, .. } if *token == lease.token) {
+                return Err(lease_lost());
+            }
+            *state = State::Waiting;
+        }
+        d.changed.notify_one();
+        lock(&self.inner.waiting).push_front(d);
+        self.inner.arrived.notify_waiters();
+        Ok(())
+    }
+
+    async fn dead_letter(&self, job: &Claimed, error: &str) -> Result<Option<redrive_core::FailureRecord>> {
+        let d = self.settle(&job.lease)?;
+        let verdict = Verdict {
+            status: 489,
+            retry_after: None,
+            non_retryable: true,
+            failed_at: Some(Utc::now().timestamp_millis()),
+            body: redrive_core::broker::last_error(error),
+        };
+        Self::answer(&d, verdict)?;
+        // QStash writes the DLQ entry and names it: the alert sweep finds the record there.
+        Ok(None)
+    }
+
+    fn renewal(&self) -> Option<&impl Renew> {
+        Some(self)
+    }
+}
+
+impl Renew for QStashBackend {
+    /// Keeps the delivery parked `by` longer, up to QStash's delivery timeout: past it QStash has
+    /// stopped waiting, and the effect ledger's hold keeps its next delivery from running twice.
+    async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
+        let d = lock(&self.inner.held).get(&lease.token).cloned().ok_or_else(lease_lost)?;
+        {
+            let mut state = lock(&d.state);
+            match &mut *state {
+                State::Claimed { token, until } if *token == lease.token && Instant::now() <= *until => {
+                    *until = (Instant::now() + by).min(d.answer_by);
+                }
+                _ => return Err(lease_lost()),
+            }
+        }
+        d.changed.notify_one();
+        Ok(lease.clone())
+    }
+}
+
+impl QueueStats for QStashBackend {
+    /// This process's deliveries only: QStash holds the rest and does not count them.
+    async fn counts(&self) -> Result<Counts> {
+        Ok(Counts {
+            queued: lock(&self.inner.waiting).len() as u64,
+            running: lock(&self.inner.held).len() as u64,
+            scheduled: None,
+            oldest_ready: None,
+        })
+    }
+}
+
+impl Broker for QStashBackend {
+    fn record_store(&self) -> &dyn RecordStore {
+        &*self.inner.records
+    }
+
+    fn record_scope(&self) -> &str {
+        &self.inner.scope
+    }
+
+    /// The next page of this drain's listing of the DLQ (entries stay there while open, so a
+    /// listing rather than a receive); empty at its end, and the next drain starts over.
+    async fn receive_dead(&self, _hide: Duration) -> Result<Vec<Drained>> {
+        let cursor = match std::mem::replace(&mut *lock(&self.inner.cursor), Cursor::Start) {
+            Cursor::End => return Ok(Vec::new()),
+            Cursor::Start => None,
+            Cursor::At(cursor) => Some(cursor),
+        };
+        let (entries, next) = self.inner.api.dlq_page(cursor.as_deref()).await?;
+        if !entries.is_empty() {
+            *lock(&self.inner.cursor) = next.map_or(Cursor::End, Cursor::At);
+        }
+        Ok(entries.iter().map(|e| Drained { record: dead::record_of(e), receipt: e.dlq_id.clone() }).collect())
+    }
+
+    /// Nothing: an entry stays in the DLQ while its record is open, for QStash's retry API.
+    async fn delete_dead(&self, _drained: &[Drained]) -> Result<()> {
+        Ok(())
+    }
+
+    async fn show_dead_again(&self, _drained: &[Drained]) {
+        *lock(&self.inner.cursor) = Cursor::Start;
+    }
+
+    fn check_job(&self, job: &NewJob) -> Result<()> {
+        QStashBackend::check_job(self, job)
+    }
+
+    /// QStash's retry API on the record's DLQ entry. An entry gone from the DLQ (deleted in the
+    /// console, or past its retention) is published anew from the record, under a deduplication
+    /// id of its own: the original's could be swallowed for QStash's window.
+    async fn send_replay(&self, job: &NewJob, record: &FailureId) -> Result<JobId> {
+        match self.inner.api.dlq_retry(&record.0).await {
+            Ok(message_id) => Ok(JobId(message_id)),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                info!(record = %record, key = %job.key, "the DLQ entry is gone; the replay publishes the job from its record");
+                let dedupe = hex_sha256(&[job.key.as_str(), &payload_fingerprint(&job.payload), &record.0]);
+                let message = self.first_message(job, &dedupe);
+                let published = self
+                    .inner
+                    .api
+                    .publish(&self.inner.config.destination, self.inner.config.queue.as_deref(), message)
+                    .await?;
+                Ok(JobId(published.message_id))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn drain_lock(&self) -> &tokio::sync::Mutex<()> {
+        &self.inner.draining
+    }
+
+    fn stop_after_replay_send(&self) -> bool {
+        self.inner.fail_after_replay_send.load(Ordering::Relaxed)
+    }
+
+    async fn forget_dead(&self, record: &FailureId) -> Result<()> {
+        match self.inner.api.dlq_delete(std::slice::from_ref(&record.0)).await {
+            Err(e) if e.kind() != ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    async fn purge_dead(&self, age: Duration) -> Result<()> {
+        let before = Utc::now() - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX);
+        let (mut old, mut cursor) = (Vec::new(), None);
+        loop {
+            let (entries, next) = self.inner.api.dlq_page(cursor.as_deref()).await?;
+            old.extend(entries.iter().map(dead::record_of).filter(|r| r.last_failed_at < before).map(|r| r.id.0));
+            match next {
+                Some(next) if !entries.is_empty() => cursor = Some(next),
+                _ => break,
+            }
+        }
+        if !old.is_empty() {
+            self.inner.api.dlq_delete(&old).await?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) const FAILED_AT_HEADER: &str = FAILED_AT;

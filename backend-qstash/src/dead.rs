@@ -1,0 +1,121 @@
+//! QStash's DLQ entries as failure records, and the headers a copy carries between deliveries.
+//!
+//! A copy (a retry or a deferral, published by the backend) forwards four headers, which QStash
+//! delivers without their `Upstash-Forward-` prefix and keeps in a DLQ entry's `header`:
+//!
+//! | header | value |
+//! |---|---|
+//! | `Redrive-Job-Id` | the job's id: its first message's id |
+//! | `Redrive-Spent` | attempts the job spent before this copy |
+//! | `Redrive-Errors` | the failed attempts so far, JSON as in `docs/envelope.md`, base64url |
+//! | `Redrive-Copied-At` | when the copy was published, unix milliseconds |
+
+use std::collections::HashMap;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use chrono::{DateTime, TimeZone, Utc};
+use redrive_core::broker::{Known, add_error, carried_job, last_error};
+use redrive_core::{AttemptError, FailureId, FailureRecord, JobId, RecordState};
+
+use crate::api::DlqEntry;
+
+pub(crate) const JOB_ID: &str = "Redrive-Job-Id";
+pub(crate) const SPENT: &str = "Redrive-Spent";
+pub(crate) const ERRORS: &str = "Redrive-Errors";
+pub(crate) const COPIED_AT: &str = "Redrive-Copied-At";
+/// On the worker's 489: when the record was written, unix milliseconds (kept in the entry's
+/// `responseHeader`).
+pub(crate) const FAILED_AT: &str = "Redrive-Failed-At";
+
+/// What a message carries beside its body, read from a delivery's headers or a DLQ entry's.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Carried {
+    pub(crate) job_id: Option<String>,
+    pub(crate) spent: u32,
+    pub(crate) errors: Vec<AttemptError>,
+    pub(crate) copied_at: Option<DateTime<Utc>>,
+}
+
+impl Carried {
+    /// Reads the carried headers through `get`, which looks a name up case-insensitively.
+    pub(crate) fn read(get: impl Fn(&str) -> Option<String>) -> Self {
+        let one = |name: &str| get(name).or_else(|| get(&format!("Upstash-Forward-{name}")));
+        Self {
+            job_id: one(JOB_ID).filter(|id| !id.is_empty()),
+            spent: one(SPENT).and_then(|s| s.trim().parse().ok()).unwrap_or(0),
+            errors: one(ERRORS).and_then(|e| decode_errors(&e)).unwrap_or_default(),
+            copied_at: one(COPIED_AT).and_then(|ms| millis(&ms)),
+        }
+    }
+}
+
+pub(crate) fn encode_errors(errors: &[AttemptError]) -> String {
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(errors).expect("errors serialize"))
+}
+
+fn decode_errors(text: &str) -> Option<Vec<AttemptError>> {
+    serde_json::from_slice(&URL_SAFE_NO_PAD.decode(text.trim().trim_end_matches('=')).ok()?).ok()
+}
+
+fn millis(text: &str) -> Option<DateTime<Utc>> {
+    Utc.timestamp_millis_opt(text.trim().parse().ok()?).single()
+}
+
+fn lookup(map: &Option<HashMap<String, Vec<String>>>, name: &str) -> Option<String> {
+    map.as_ref()?.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).and_then(|(_, v)| v.first().cloned())
+}
+
+fn text(plain: &Option<String>, base64: &Option<String>) -> String {
+    match (plain, base64) {
+        (Some(text), _) if !text.is_empty() => text.clone(),
+        (_, Some(encoded)) => STANDARD
+            .decode(encoded)
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default(),
+        _ => String::new(),
+    }
+}
+
+/// The failure record a DLQ entry stands for: the job its body carries, the attempts its copies
+/// and QStash's retries spent, the history its headers carried, and as the last error the
+/// worker's (the body of its 489) or, where QStash gave up on its own, the endpoint's last answer.
+pub(crate) fn record_of(entry: &DlqEntry) -> FailureRecord {
+    let carried = Carried::read(|name| lookup(&entry.header, name));
+    let body = text(&entry.body, &entry.body_base64);
+    let created = entry.created_at.and_then(|ms| Utc.timestamp_millis_opt(ms).single()).unwrap_or_else(Utc::now);
+    let (env, undecodable) = carried_job("qstash", &entry.message_id, &body, Known::default(), created);
+    let attempts = carried.spent + entry.retried.unwrap_or(0) + 1;
+    let failed_at = lookup(&entry.response_header, FAILED_AT).and_then(|ms| millis(&ms)).unwrap_or(created);
+    let answer = text(&entry.response_body, &entry.response_body_base64);
+    let error = match (undecodable, entry.response_status) {
+        (Some(why), _) => why,
+        (None, Some(489)) if !answer.is_empty() => answer,
+        (None, Some(status)) => format!(
+            "QStash gave up after {attempts} attempts; the endpoint last answered {status}: {}",
+            redrive_core::broker::cut(&answer, 512)
+        ),
+        (None, None) => format!("QStash gave up after {attempts} attempts without an answer from the endpoint"),
+    };
+    let last_error = last_error(&error);
+    let mut errors = add_error(carried.errors, attempts, &last_error);
+    if let Some(last) = errors.last_mut() {
+        last.at = failed_at;
+    }
+    FailureRecord {
+        id: FailureId(entry.dlq_id.clone()),
+        job_id: JobId(carried.job_id.unwrap_or_else(|| entry.message_id.clone())),
+        kind: env.kind,
+        key: env.key,
+        provider_key: env.provider_key,
+        payload: env.payload,
+        first_failed_at: errors.first().map_or(failed_at, |e| e.at),
+        last_error,
+        errors,
+        attempts,
+        cap: env.cap,
+        severity: env.severity,
+        last_failed_at: failed_at,
+        state: RecordState::Open,
+    }
+}

@@ -1,0 +1,27 @@
+//! The whole conformance suite, both halves, against the QStash emulator: every delivery pushed
+//! to a receiver on a real listener and verified, the effect ledger and the record store in
+//! PostgreSQL as an application keeps them.
+
+mod common;
+
+use std::time::Duration;
+
+use redrive_conformance::{Subject, Timing};
+use redrive_postgres::PgBackend;
+use redrive_qstash::QStashBackend;
+
+async fn qstash() -> Subject<QStashBackend, PgBackend> {
+    let rig = common::rig().await;
+    let timing = Timing { lease: Duration::from_secs(1), settle: Duration::from_secs(2), timeout: Duration::from_secs(60) };
+    let probe = rig.backend.clone();
+    // The emulator lives as long as the test process: the subject holds only the backend.
+    std::mem::forget(rig.emulator.clone());
+    let (backend, ledger) = (rig.backend.clone(), rig.ledger.clone());
+    Box::leak(Box::new(rig));
+    Subject::new(backend, ledger, timing).storage(move |text| {
+        let probe = probe.clone();
+        async move { probe.holds_text(&text).await.expect("the DLQ and the store can be read") }
+    })
+}
+
+redrive_conformance::suite!(qstash());
