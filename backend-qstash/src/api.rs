@@ -136,8 +136,9 @@ impl Api {
             .into_iter()
             .map(|a| {
                 let one = if let Value::Array(mut many) = a { many.pop().unwrap_or(Value::Null) } else { a };
-                serde_json::from_value(one)
-                    .map_err(|e| Error::temporary("QStash batch publish: an answer without a message id").with_source(e))
+                serde_json::from_value(one).map_err(|e| {
+                    Error::temporary("QStash batch publish: an answer without a message id").with_source(e)
+                })
             })
             .collect()
     }
@@ -174,7 +175,8 @@ impl Api {
             current: String,
             next: String,
         }
-        let keys: Keys = json(self.send(self.http.get(self.url("/v2/keys")), "signing keys").await?, "signing keys").await?;
+        let keys: Keys =
+            json(self.send(self.http.get(self.url("/v2/keys")), "signing keys").await?, "signing keys").await?;
         Ok(SigningKeys { current: keys.current, next: keys.next })
     }
 }
@@ -213,14 +215,17 @@ async fn refusal(what: &str, response: Response) -> Error {
             Error::temporary(format!("QStash {what}: rate limited (429){reason}{wait}"))
         }
         s if s.is_server_error() => Error::temporary(format!("QStash {what}: {s}{reason}")),
-        s => Error::new(ErrorKind::Backend, format!("QStash {what}: refused ({s}){reason}")).with_retry(Retry::Permanent),
+        s => {
+            Error::new(ErrorKind::Backend, format!("QStash {what}: refused ({s}){reason}")).with_retry(Retry::Permanent)
+        }
     }
 }
 
 /// When QStash says to come back: `Retry-After` (seconds), or the reset of whichever rate limit
 /// ran out (`Burst-RateLimit-Reset`, `RateLimit-Reset`: unix seconds).
 fn retry_after(response: &Response) -> Option<Duration> {
-    let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let header =
+        |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if let Some(seconds) = header("retry-after") {
         return Some(Duration::from_secs(seconds));
     }

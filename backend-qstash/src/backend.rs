@@ -11,8 +11,8 @@ use chrono::Utc;
 use redrive_core::broker::{Broker, Drained, not_all_sent};
 use redrive_core::{
     AttemptError, Backend, Capabilities, Claim, Claimed, Counts, Dedupe, Enqueue, Enqueued, Envelope, Error, ErrorKind,
-    FailureId, FailureQuery, JobId, JobRecord, Kinds, Lease, NewJob, QueueStats, RecordState, RecordStore, Renew, Result,
-    payload_fingerprint,
+    FailureId, FailureQuery, JobId, JobRecord, Kinds, Lease, NewJob, QueueStats, RecordState, RecordStore, Renew,
+    Result, payload_fingerprint,
 };
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, oneshot};
@@ -231,7 +231,14 @@ impl QStashBackend {
     /// Publishes the delivery's next copy after `delay`, carrying `spent` attempts and `errors`:
     /// a retry or a deferral. Its deduplication id is the delivery's and the verdict's, so a
     /// delivery answered twice (a lost answer, redelivered) sends one copy.
-    async fn publish_copy(&self, d: &Delivery, spent: u32, errors: &[AttemptError], delay: Duration, why: &str) -> Result<()> {
+    async fn publish_copy(
+        &self,
+        d: &Delivery,
+        spent: u32,
+        errors: &[AttemptError],
+        delay: Duration,
+        why: &str,
+    ) -> Result<()> {
         let mut headers = self.common_headers(d.job.cap.saturating_sub(1).saturating_sub(spent));
         let dedupe = hex_sha256(&[&d.message_id, &d.retried.to_string(), why]);
         headers.push(("Upstash-Deduplication-Id".into(), dedupe));

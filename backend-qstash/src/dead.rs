@@ -69,10 +69,9 @@ fn lookup(map: &Option<HashMap<String, Vec<String>>>, name: &str) -> Option<Stri
 fn text(plain: &Option<String>, base64: &Option<String>) -> String {
     match (plain, base64) {
         (Some(text), _) if !text.is_empty() => text.clone(),
-        (_, Some(encoded)) => STANDARD
-            .decode(encoded)
-            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-            .unwrap_or_default(),
+        (_, Some(encoded)) => {
+            STANDARD.decode(encoded).map(|bytes| String::from_utf8_lossy(&bytes).into_owned()).unwrap_or_default()
+        }
         _ => String::new(),
     }
 }

@@ -12,7 +12,8 @@ use redrive_qstash::QStashBackend;
 
 async fn qstash() -> Subject<QStashBackend, PgBackend> {
     let rig = common::rig().await;
-    let timing = Timing { lease: Duration::from_secs(1), settle: Duration::from_secs(2), timeout: Duration::from_secs(60) };
+    let timing =
+        Timing { lease: Duration::from_secs(1), settle: Duration::from_secs(2), timeout: Duration::from_secs(60) };
     let probe = rig.backend.clone();
     // The emulator lives as long as the test process: the subject holds only the backend.
     std::mem::forget(rig.emulator.clone());

@@ -1,0 +1,228 @@
+//! The receiver over a real listener: which signatures it accepts and refuses (the handler never
+//! runs for a refused one), a body over the cap, one message delivered twice at once, and the
+//! errors a user meets at start and at enqueue.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE;
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use redrive_core::{
+    Enqueue, EnqueueExt, ErrorKind, Job, JobContext, JobError, KeyBuilder, NewJob, QueueStats, Retry, Worker,
+};
+use redrive_qstash::{QStashBackend, QStashConfig};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+const CURRENT: &str = "sig_current_0123456789";
+const NEXT: &str = "sig_next_0123456789abc";
+
+#[derive(Serialize, Deserialize)]
+struct Grant {
+    account: u32,
+}
+
+impl Job for Grant {
+    const KIND: &'static str = "grant";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("account", self.account)
+    }
+}
+
+/// A rig whose receiver accepts `CURRENT` and `NEXT`, with its clock at `now`.
+async fn rig() -> common::Rig {
+    common::rig_with(common::emulator().signing_keys(CURRENT, NEXT), |c| c.with_signing_keys(CURRENT, NEXT)).await
+}
+
+fn claims(sub: &str, body: &[u8], exp_in: i64, nbf_in: i64) -> serde_json::Value {
+    let now = chrono::Utc::now().timestamp();
+    serde_json::json!({
+        "iss": "Upstash", "sub": sub, "iat": now, "exp": now + exp_in, "nbf": now + nbf_in,
+        "jti": "jwt_test", "body": URL_SAFE.encode(Sha256::digest(body)),
+    })
+}
+
+fn sign(alg: Algorithm, key: &str, claims: &serde_json::Value) -> String {
+    jsonwebtoken::encode(&Header::new(alg), claims, &EncodingKey::from_secret(key.as_bytes()).unwrap()).unwrap()
+}
+
+/// A token with the given header and claims and a made-up signature (for algorithms the
+/// receiver must refuse before any key is tried).
+fn forged(header: serde_json::Value, claims: &serde_json::Value, signature: &str) -> String {
+    let part = |v: &serde_json::Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+    format!("{}.{}.{signature}", part(&header), part(claims))
+}
+
+fn envelope() -> String {
+    let job = NewJob::from_job(&Grant { account: 7 }).unwrap();
+    redrive_core::Envelope::new(&job).encode()
+}
+
+async fn post(url: &str, signature: Option<&str>, body: String, message_id: &str) -> u16 {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("Upstash-Message-Id", message_id)
+        .header("Upstash-Retried", "0")
+        .body(body);
+    if let Some(signature) = signature {
+        request = request.header("Upstash-Signature", signature);
+    }
+    request.send().await.expect("the receiver answers").status().as_u16()
+}
+
+#[tokio::test]
+async fn refused_signatures_never_reach_a_handler() {
+    let rig = rig().await;
+    let url = rig.destination.clone();
+    let body = envelope();
+    let good = claims(&url, body.as_bytes(), 300, 0);
+    let mut changed = body.clone().into_bytes();
+    *changed.last_mut().unwrap() = b' ';
+    let reserialised =
+        serde_json::to_string_pretty(&serde_json::from_str::<serde_json::Value>(&body).unwrap()).unwrap();
+    let cases: Vec<(&str, Option<String>, String)> = vec![
+        ("a wrong key", Some(sign(Algorithm::HS256, "sig_wrong", &good)), body.clone()),
+        ("a one-byte body change", Some(sign(Algorithm::HS256, CURRENT, &good)), String::from_utf8(changed).unwrap()),
+        ("re-serialised JSON", Some(sign(Algorithm::HS256, CURRENT, &good)), reserialised),
+        (
+            "another URL in the subject",
+            Some(sign(Algorithm::HS256, CURRENT, &claims("https://evil.example/qstash", body.as_bytes(), 300, 0))),
+            body.clone(),
+        ),
+        (
+            "an expired token",
+            Some(sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), -60, -400))),
+            body.clone(),
+        ),
+        ("a future nbf", Some(sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 600, 60))), body.clone()),
+        ("alg none", Some(forged(serde_json::json!({"alg": "none", "typ": "JWT"}), &good, "")), body.clone()),
+        ("HS512", Some(sign(Algorithm::HS512, CURRENT, &good)), body.clone()),
+        ("RS256", Some(forged(serde_json::json!({"alg": "RS256", "typ": "JWT"}), &good, "c2lnbmF0dXJl")), body.clone()),
+        ("a missing header", None, body.clone()),
+    ];
+    for (case, signature, body) in cases {
+        let status = post(&url, signature.as_deref(), body, "msg_refused").await;
+        assert_eq!(status, 401, "{case} should be refused with 401");
+    }
+    let over = format!("{{\"pad\":\"{}\"}}", "x".repeat(1_000_001));
+    let signed = sign(Algorithm::HS256, CURRENT, &claims(&url, over.as_bytes(), 300, 0));
+    assert_eq!(post(&url, Some(&signed), over, "msg_big").await, 413, "a body over the cap is refused");
+    let counts = rig.backend.counts().await.unwrap();
+    assert_eq!((counts.queued, counts.running), (0, 0), "no refused delivery was parked for a worker");
+}
+
+#[tokio::test]
+async fn the_current_key_the_next_key_and_skew_inside_the_leeway_are_accepted() {
+    let rig = rig().await;
+    let url = rig.destination.clone();
+    let runs = Arc::new(AtomicU32::new(0));
+    let seen = runs.clone();
+    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
+        .handle::<Grant>(move |_job: Grant, _ctx: JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .start();
+    let body = envelope();
+    let accepted = [
+        ("the current key", sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 0))),
+        ("the next key", sign(Algorithm::HS256, NEXT, &claims(&url, body.as_bytes(), 300, 0))),
+        (
+            "expired 3 s ago, inside the 5 s leeway",
+            sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), -3, -300)),
+        ),
+        (
+            "valid from 3 s on, inside the leeway",
+            sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 3)),
+        ),
+    ];
+    for (i, (case, signature)) in accepted.iter().enumerate() {
+        let status = post(&url, Some(signature), body.clone(), &format!("msg_ok_{i}")).await;
+        assert_eq!(status, 200, "{case} should be accepted");
+    }
+    worker.shutdown().await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one key: the handler ran once, the rest were skipped by the ledger");
+}
+
+#[tokio::test]
+async fn one_message_delivered_twice_at_once_has_one_effect_and_both_get_2xx() {
+    let rig = rig().await;
+    let url = rig.destination.clone();
+    let runs = Arc::new(AtomicU32::new(0));
+    let seen = runs.clone();
+    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
+        .handle::<Grant>(move |_job: Grant, _ctx: JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .start();
+    let body = envelope();
+    let signature = sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 0));
+    let (a, b) = tokio::join!(
+        post(&url, Some(&signature), body.clone(), "msg_twice"),
+        post(&url, Some(&signature), body.clone(), "msg_twice")
+    );
+    assert_eq!((a, b), (200, 200), "both deliveries are answered 2xx");
+    // The second waited behind the first's hold as a copy; let it come back and be skipped.
+    let stats = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let stats = worker.stats();
+            if stats.skipped >= 1 {
+                return stats;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the deferred copy comes back and is skipped");
+    worker.shutdown().await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one effect; stats {stats:?}");
+}
+
+#[tokio::test]
+async fn start_and_enqueue_errors_are_clear_and_typed() {
+    let emulator = common::emulator().quota(Some(1)).start_local().await.unwrap();
+    let store = Arc::new(common::ledger().await);
+    let destination = "http://127.0.0.1:9/qstash";
+
+    let plain = QStashConfig::new(common::TOKEN, destination).with_api_url(emulator.url());
+    let e = QStashBackend::connect(plain, store.clone()).await.err().expect("http refused");
+    assert_eq!(e.kind(), ErrorKind::Config);
+    assert!(e.message().contains("https"), "{e}");
+
+    let refused = QStashConfig::new("not-the-token", destination).with_api_url(emulator.url()).allow_plain_http();
+    let e = QStashBackend::connect(refused, store.clone()).await.err().expect("token refused");
+    assert_eq!((e.kind(), e.retry()), (ErrorKind::Config, Retry::Permanent));
+    assert!(e.message().contains("refused the token"), "{e}");
+    assert!(!e.message().contains("not-the-token"), "the token is never in an error: {e}");
+
+    let config = QStashConfig::new(common::TOKEN, destination).with_api_url(emulator.url()).allow_plain_http();
+    let backend = QStashBackend::connect(config, store).await.unwrap();
+    backend.enqueue_job(&Grant { account: 1 }).await.expect("the quota has room for one");
+    let e = backend.enqueue_job(&Grant { account: 2 }).await.expect_err("the quota is used up");
+    assert_eq!((e.kind(), e.retry()), (ErrorKind::Backend, Retry::Permanent), "{e}");
+    assert!(e.message().contains("quota"), "{e}");
+
+    let big = NewJob::new(
+        "grant",
+        redrive_core::IdempotencyKey::parse("grant:account=3").unwrap(),
+        serde_json::json!({"pad": "x".repeat(1_000_000)}),
+    )
+    .unwrap();
+    assert_eq!(backend.enqueue(big).await.unwrap_err().kind(), ErrorKind::PayloadTooLarge);
+    let greedy = NewJob::from_job(&Grant { account: 4 }).unwrap().with_cap(20);
+    assert_eq!(backend.enqueue(greedy).await.unwrap_err().kind(), ErrorKind::Config, "a cap over the plan's retries");
+}
