@@ -31,3 +31,10 @@ pub mod sqlite {
 pub mod azure {
     pub use redrive_azure::*;
 }
+
+/// Upstash QStash: push delivery to a signed receiver, dedupe, the QStash DLQ as failure records.
+#[cfg(feature = "qstash")]
+#[cfg_attr(docsrs, doc(cfg(feature = "qstash")))]
+pub mod qstash {
+    pub use redrive_qstash::*;
+}

@@ -65,8 +65,7 @@ impl Spec {
                     spec.delay = Some(util::parse_duration(value).ok_or(format!("invalid Upstash-Delay: {value:?}"))?)
                 }
                 "upstash-not-before" => {
-                    spec.not_before =
-                        Some(value.parse().map_err(|_| format!("invalid Upstash-Not-Before: {value:?}"))?)
+                    spec.not_before = Some(value.parse().map_err(|_| format!("invalid Upstash-Not-Before: {value:?}"))?)
                 }
                 "upstash-timeout" => {
                     spec.timeout =
@@ -375,7 +374,8 @@ impl Shared {
         let dedupe_key = if let Some(id) = &spec.dedupe_id {
             Some(format!("id:{id}"))
         } else if spec.content_dedupe {
-            let mut headers: Vec<String> = spec.forward.iter().map(|(k, v)| format!("{}:{v}", k.to_lowercase())).collect();
+            let mut headers: Vec<String> =
+                spec.forward.iter().map(|(k, v)| format!("{}:{v}", k.to_lowercase())).collect();
             headers.sort();
             let joined = headers.join("\n");
             Some(format!(
@@ -393,10 +393,10 @@ impl Shared {
         };
         let mut inner = self.lock();
         inner.dedupe.retain(|_, (_, until)| *until > now);
-        if let Some(key) = &dedupe_key {
-            if let Some((first, _)) = inner.dedupe.get(key) {
-                return Accepted { message_id: first.clone(), deduplicated: true };
-            }
+        if let Some(key) = &dedupe_key
+            && let Some((first, _)) = inner.dedupe.get(key)
+        {
+            return Accepted { message_id: first.clone(), deduplicated: true };
         }
         let created_at = util::now_ms();
         let not_before = match (spec.not_before, spec.delay) {
@@ -581,21 +581,22 @@ async fn queue_worker(shared: Arc<Shared>, name: String) {
             let mut inner = shared.lock();
             let Some(q) = inner.queues.get_mut(&name) else { return };
             let notify = q.notify.clone();
-            if !q.paused && q.in_flight < q.parallelism {
-                if let Some(id) = q.pending.pop_front() {
-                    q.in_flight += 1;
-                    let shared2 = shared.clone();
-                    let name2 = name.clone();
-                    tokio::spawn(async move {
-                        run_message(shared2.clone(), id).await;
-                        let mut inner = shared2.lock();
-                        if let Some(q) = inner.queues.get_mut(&name2) {
-                            q.in_flight = q.in_flight.saturating_sub(1);
-                            q.notify.notify_one();
-                        }
-                    });
-                    continue;
-                }
+            if !q.paused
+                && q.in_flight < q.parallelism
+                && let Some(id) = q.pending.pop_front()
+            {
+                q.in_flight += 1;
+                let shared2 = shared.clone();
+                let name2 = name.clone();
+                tokio::spawn(async move {
+                    run_message(shared2.clone(), id).await;
+                    let mut inner = shared2.lock();
+                    if let Some(q) = inner.queues.get_mut(&name2) {
+                        q.in_flight = q.in_flight.saturating_sub(1);
+                        q.notify.notify_one();
+                    }
+                });
+                continue;
             }
             notify
         };

@@ -14,13 +14,13 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:8585")]
     bind: SocketAddr,
     /// The bearer token to accept (default: a random one, printed on start).
-    #[arg(long, env = "QSTASH_TOKEN")]
+    #[arg(long)]
     token: Option<String>,
     /// The current signing key (default: random).
-    #[arg(long, env = "QSTASH_CURRENT_SIGNING_KEY")]
+    #[arg(long)]
     current_signing_key: Option<String>,
     /// The next signing key (default: random).
-    #[arg(long, env = "QSTASH_NEXT_SIGNING_KEY")]
+    #[arg(long)]
     next_signing_key: Option<String>,
     /// Multiplier of QStash's retry backoff (e.g. 0.01 for fast local retries).
     #[arg(long, default_value_t = 1.0)]
@@ -33,9 +33,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let args = Args::parse();
     let mut builder = Emulator::builder().time_scale(args.time_scale).max_retries(args.max_retries);

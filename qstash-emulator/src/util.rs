@@ -77,7 +77,8 @@ pub(crate) fn default_backoff(n: u32) -> Duration {
 /// `X-RateLimit-Reset-Requests` or `X-RateLimit-Reset-Tokens` (seconds, an RFC 1123 date, or a
 /// duration such as `6m5s`). Values beyond one day are ignored, as QStash does.
 pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    const NAMES: [&str; 4] = ["retry-after", "x-ratelimit-reset", "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"];
+    const NAMES: [&str; 4] =
+        ["retry-after", "x-ratelimit-reset", "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"];
     for name in NAMES {
         let Some(value) = headers.get(name).and_then(|v| v.to_str().ok()) else { continue };
         let value = value.trim();

@@ -154,7 +154,13 @@ async fn method_and_percent_encoded_destination() {
 
 fn percent_encode(s: &str) -> String {
     s.bytes()
-        .map(|b| if b.is_ascii_alphanumeric() || b == b'-' || b == b'.' { (b as char).to_string() } else { format!("%{b:02X}") })
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'.' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
         .collect()
 }
 
@@ -339,7 +345,11 @@ async fn fill_dlq(emu: &RunningEmulator, api: &Api, dest: &Destination, n: usize
     let mut ids = Vec::new();
     for i in 0..n {
         let r = api
-            .publish(&dest.url("/dead"), &[("Upstash-Retries", "0"), ("Upstash-Forward-X-N", &i.to_string())], &format!("b{i}"))
+            .publish(
+                &dest.url("/dead"),
+                &[("Upstash-Retries", "0"), ("Upstash-Forward-X-N", &i.to_string())],
+                &format!("b{i}"),
+            )
             .await;
         ids.push(r["messageId"].as_str().unwrap().to_owned());
         // Keep DLQ order = publish order.
@@ -368,7 +378,8 @@ async fn dlq_list_pages_filters_get_and_delete() {
 
     let (_, latest) = api.get("/v2/dlq?order=latestFirst&count=1").await;
     assert_eq!(latest["messages"][0]["messageId"], json!(ids[2]));
-    let (_, latest2) = api.get(&format!("/v2/dlq?order=latestFirst&count=5&cursor={}", latest["cursor"].as_str().unwrap())).await;
+    let (_, latest2) =
+        api.get(&format!("/v2/dlq?order=latestFirst&count=5&cursor={}", latest["cursor"].as_str().unwrap())).await;
     assert_eq!(latest2["messages"].as_array().unwrap().len(), 2);
     assert_eq!(latest2["messages"][0]["messageId"], json!(ids[1]));
 
@@ -400,7 +411,8 @@ async fn dlq_list_pages_filters_get_and_delete() {
         api.send(reqwest::Method::DELETE, "/v2/dlq", Some(json!({"dlqIds": [dlq_ids[1], "missing"]}))).await;
     assert_eq!(status, 200);
     assert_eq!(res["deleted"], json!(1));
-    let (_, res) = api.send(reqwest::Method::DELETE, &format!("/v2/dlq?dlqIds={}&dlqIds=missing", dlq_ids[2]), None).await;
+    let (_, res) =
+        api.send(reqwest::Method::DELETE, &format!("/v2/dlq?dlqIds={}&dlqIds=missing", dlq_ids[2]), None).await;
     assert_eq!(res["deleted"], json!(1));
     assert!(emu.dlq_ids().is_empty());
     emu.shutdown().await;
@@ -430,8 +442,9 @@ async fn dlq_retry_single_and_bulk_resend_as_new_messages() {
     assert_eq!(status, 404);
 
     // Bulk retry by repeated query ids (the TypeScript client's form).
-    let (status, res) =
-        api.send(reqwest::Method::POST, &format!("/v2/dlq/retry?dlqIds={}&dlqIds={}", dlq_ids[1], dlq_ids[2]), None).await;
+    let (status, res) = api
+        .send(reqwest::Method::POST, &format!("/v2/dlq/retry?dlqIds={}&dlqIds={}", dlq_ids[1], dlq_ids[2]), None)
+        .await;
     assert_eq!(status, 200);
     let responses = res["responses"].as_array().unwrap();
     assert_eq!(responses.len(), 2);
@@ -637,7 +650,8 @@ async fn messages_can_be_read_and_cancelled_and_logs_show_states() {
     for path in ["/v2/logs", "/v2/events"] {
         let (status, logs) = api.get(&format!("{path}?messageId={now_id}")).await;
         assert_eq!(status, 200);
-        let states: Vec<&str> = logs["events"].as_array().unwrap().iter().map(|e| e["state"].as_str().unwrap()).collect();
+        let states: Vec<&str> =
+            logs["events"].as_array().unwrap().iter().map(|e| e["state"].as_str().unwrap()).collect();
         assert_eq!(states, ["DELIVERED", "ACTIVE", "CREATED"], "newest first");
         assert_eq!(logs["events"][0]["responseStatus"], json!(200));
     }

@@ -136,15 +136,35 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     }
 }
 
-/// Sweeps at start, then every `alert_sweep`, until the worker stops.
+/// How often the sweep looks, and how many times, after a job was handed to a service that
+/// writes its record later (QStash lists it once it has taken the answer).
+const HANDED_OFF_SWEEP: Duration = Duration::from_secs(1);
+const HANDED_OFF_LOOKS: u32 = 4;
+
+/// Sweeps at start, then every `alert_sweep` (and every second for a few seconds after a job
+/// was handed to a service's dead-letter queue), until the worker stops.
 pub(super) async fn sweep<Q: Claim + DeadLetter, L: Ledger>(
     shared: std::sync::Arc<Shared<Q, L>>,
     stop: CancellationToken,
 ) {
+    let mut looks_left = 0;
     while !stop.is_cancelled() {
         shared.sweep_once(&stop).await;
+        let wait = if looks_left > 0 {
+            looks_left -= 1;
+            HANDED_OFF_SWEEP.min(shared.config.alert_sweep)
+        } else {
+            shared.config.alert_sweep
+        };
         tokio::select! {
-            () = tokio::time::sleep(shared.config.alert_sweep) => {}
+            () = tokio::time::sleep(wait) => {}
+            () = shared.handed_off.notified() => {
+                looks_left = HANDED_OFF_LOOKS;
+                tokio::select! {
+                    () = tokio::time::sleep(HANDED_OFF_SWEEP.min(shared.config.alert_sweep) / 4) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
             () = stop.cancelled() => return,
         }
     }

@@ -420,7 +420,11 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 warn!(record = %record.id, error, "failure record written");
                 self.alert(record).await;
             }
-            None => warn!(error, "handed to the service's dead-letter queue; alerted once it is listed there"),
+            None => {
+                warn!(job = %claimed.job.id, kind = %claimed.job.kind, key = %claimed.job.key, error,
+                    "handed to the service's dead-letter queue; alerted once it is listed there");
+                self.handed_off.notify_one();
+            }
         }
     }
 

@@ -437,6 +437,7 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
                 infra: claiming::Infra::default(),
                 buffered: AtomicUsize::new(0),
                 taken: Notify::new(),
+                handed_off: Notify::new(),
                 slots,
             }),
         }
@@ -470,6 +471,8 @@ struct Shared<Q, L> {
     /// finishes (either makes room for a claim).
     buffered: AtomicUsize,
     taken: Notify,
+    /// A job handed to a service that writes its record later (QStash): the sweep looks soon.
+    handed_off: Notify,
     /// A permit per handler running.
     slots: Arc<Semaphore>,
 }

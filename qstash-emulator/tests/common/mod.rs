@@ -122,7 +122,14 @@ async fn handle(
 ) -> Response {
     let path = uri.path().to_owned();
     let mut g = inner.lock().unwrap();
-    g.hits.push(Hit { method, path: path.clone(), query: uri.query().map(str::to_owned), headers, body, at: Instant::now() });
+    g.hits.push(Hit {
+        method,
+        path: path.clone(),
+        query: uri.query().map(str::to_owned),
+        headers,
+        body,
+        at: Instant::now(),
+    });
     let answer = g
         .script
         .get_mut(&path)
