@@ -180,7 +180,8 @@ pub struct QueueOptions {
     /// How long after it is sent Azure deletes a job's message, whatever its state: waiting,
     /// running, or waiting out a retry's delay, with no failure record (default `None`: never;
     /// Azure's own default of 7 days would lose jobs silently). Set one only for jobs that are
-    /// worthless after it.
+    /// worthless after it. A scheduled job is sent hidden a second less than this at most (Azure
+    /// refuses more), and one due later expires unrun.
     pub time_to_live: Option<Duration>,
     /// How long the poison queue keeps a record written there while the record store was down
     /// (default `None`: never expires, until a drain moves it into the store).

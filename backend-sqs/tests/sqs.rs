@@ -547,3 +547,88 @@ async fn on_fifo_a_copy_is_dropped_and_a_conflicting_payload_becomes_a_record_no
 fn queued_running(counts: Counts) -> (u64, u64) {
     (counts.queued, counts.running)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_job_is_sent_delayed_so_no_receive_sees_it_before_its_time() {
+    use redrive_core::{Backend, EnqueueExt};
+    let (queue, ledger) = (common::queue("delay", QueueSetup::default()).await, common::ledger().await);
+    assert_eq!(queue.capabilities().max_delay, Some(Duration::from_secs(900)), "SQS holds a job 15 minutes");
+    let asked = tokio::time::Instant::now();
+    let delay = Duration::from_secs(3);
+    // One alone, one in a batch beside a job due now, and one past SQS's 15 minutes (sent with
+    // the most SQS takes, which refuses more).
+    queue.enqueue_in(ship(30), delay).await.unwrap();
+    let batch = vec![ship(31), ship(32).run_in(delay)];
+    queue.enqueue_batch(batch).await.unwrap();
+    queue.enqueue_in(ship(33), Duration::from_secs(20 * 60)).await.unwrap();
+    let counts = queue.counts().await.unwrap();
+    assert_eq!((counts.queued, counts.scheduled), (4, Some(3)), "SQS counts the delayed ones: {counts:?}");
+
+    // Only the job due now is received; the others are not received at all, so never deferred.
+    let due = next(&queue, 5).await;
+    assert_eq!((due.job.key.as_str(), due.job.attempt), ("ship:parcel=31", 1));
+    queue.complete(&due.lease, None).await.unwrap();
+    while asked.elapsed() + Duration::from_millis(1500) < delay {
+        let early = queue.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::from_millis(500)).await.unwrap();
+        assert!(early.is_empty(), "received {:?} after {:?}", early[0].job.key, asked.elapsed());
+    }
+
+    let effects = Effects::default();
+    let config = WorkerConfig { poll: Duration::from_millis(200), ..WorkerConfig::default() };
+    let w = worker(&queue, &ledger, config, Duration::ZERO, &effects);
+    wait_for("the scheduled effects", 20, async || effects.lock().unwrap().len() >= 2).await;
+    let took = asked.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stats = w.shutdown().await;
+    assert!(took >= delay, "ran {took:?} after enqueue, asked {delay:?}");
+    let mut ran = effects.lock().unwrap().clone();
+    ran.sort_unstable();
+    assert_eq!(ran, [(30, 1), (32, 1)], "each once, on its first attempt");
+    assert_eq!((stats.claimed, stats.deferred), (2, 0), "received when due, not early: {stats:?}");
+    assert_eq!(queue.counts().await.unwrap().scheduled, Some(1), "the one past 15 minutes still waits");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_job_received_early_is_put_back_until_its_time_at_no_attempts_cost() {
+    let (queue, ledger) = (common::queue("early", QueueSetup::default()).await, common::ledger().await);
+    // A producer that sends no delay (or a clock ahead of the worker's): the job comes at once.
+    let delay = Duration::from_secs(3);
+    let body = redrive_core::Envelope::new(&ship(34).run_in(delay)).encode();
+    let asked = tokio::time::Instant::now();
+    let client = common::raw_client().await;
+    client.send_message().queue_url(queue.queue_url()).message_body(body).send().await.unwrap();
+    let effects = Effects::default();
+    let config = WorkerConfig { poll: Duration::from_millis(200), ..WorkerConfig::default() };
+    let w = worker(&queue, &ledger, config, Duration::ZERO, &effects);
+    wait_for("the effect", 20, async || !effects.lock().unwrap().is_empty()).await;
+    let took = asked.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stats = w.shutdown().await;
+    assert!(took >= delay, "ran {took:?} after enqueue, asked {delay:?}");
+    assert_eq!(*effects.lock().unwrap(), [(34, 1)], "once, on its first attempt");
+    assert!(stats.deferred >= 1, "received early and put back: {stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_fifo_a_scheduled_job_is_sent_without_a_delay_and_waits_in_the_worker() {
+    use redrive_core::{Backend, EnqueueExt};
+    let queue = common::queue("fifodelay", QueueSetup { fifo: true, ..QueueSetup::default() }).await;
+    let ledger = common::ledger().await;
+    assert_eq!(queue.capabilities().max_delay, None, "FIFO queues refuse a per-message delay");
+    let delay = Duration::from_secs(2);
+    let asked = tokio::time::Instant::now();
+    queue.enqueue_in(ship(35), delay).await.unwrap();
+    queue.enqueue_batch(vec![ship(36).run_in(delay)]).await.unwrap();
+    let effects = Effects::default();
+    let config = WorkerConfig { poll: Duration::from_millis(200), ..WorkerConfig::default() };
+    let w = worker(&queue, &ledger, config, Duration::ZERO, &effects);
+    wait_for("the effects", 30, async || effects.lock().unwrap().len() >= 2).await;
+    let took = asked.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stats = w.shutdown().await;
+    assert!(took >= delay, "ran {took:?} after enqueue, asked {delay:?}");
+    let mut ran: Vec<u32> = effects.lock().unwrap().iter().map(|&(parcel, _)| parcel).collect();
+    ran.sort_unstable();
+    assert_eq!(ran, [35, 36], "each once");
+    assert!(stats.deferred >= 2, "received early and put back by the worker: {stats:?}");
+}

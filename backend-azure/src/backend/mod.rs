@@ -236,17 +236,23 @@ impl AzureBackend {
         Ok(wire::encode(&body, self.inner.options.base64))
     }
 
+    /// Sends `text` to `client`'s queue, kept `time_to_live` (`None`: never expires) and invisible
+    /// for its first `hidden` seconds.
     async fn send(
         &self,
         client: &QueueClient,
         text: String,
         time_to_live: Option<Duration>,
+        hidden: Option<i32>,
         what: &str,
     ) -> Result<JobId> {
         let message: azure_core::http::RequestContent<QueueMessage, azure_core::http::XmlFormat> =
             QueueMessage { message_text: Some(text) }.try_into().map_err(|e| azure(e, what))?;
-        let options =
-            QueueClientSendMessageOptions { message_time_to_live: Some(ttl(time_to_live)), ..Default::default() };
+        let options = QueueClientSendMessageOptions {
+            message_time_to_live: Some(ttl(time_to_live)),
+            visibility_timeout: hidden,
+            ..Default::default()
+        };
         let sent = client.send_message(message, Some(options)).await.map_err(|e| azure(e, what))?;
         // Azure took the message: an answer that does not parse must not read as "not sent" (a
         // replay would give its record back and send it twice).
@@ -254,6 +260,27 @@ impl AzureBackend {
             Error::temporary(format!("azure: {what}: the message was sent, but its answer did not parse ({e})"))
         })?;
         Ok(JobId(sent.message_id.unwrap_or_default()))
+    }
+
+    /// The longest a job is sent invisible: Azure's 7 days, and less than the message's time to
+    /// live (Azure refuses a visibility that outlasts the message).
+    fn max_hidden(&self) -> Duration {
+        match self.inner.options.time_to_live {
+            Some(_) => {
+                let lives = ttl(self.inner.options.time_to_live) as u64;
+                MAX_VISIBILITY.min(Duration::from_secs(lives.saturating_sub(1)))
+            }
+            None => MAX_VISIBILITY,
+        }
+    }
+
+    /// The initial visibility a job is sent with: the time to its `not_before`, rounded up to
+    /// whole seconds so that it never arrives early, at most [`Self::max_hidden`] (a later job
+    /// arrives early and the worker puts it back until its time, at no attempt's cost). `None`
+    /// when it is due.
+    fn send_delay(&self, job: &NewJob) -> Option<i32> {
+        let wait = (job.not_before? - Utc::now()).to_std().ok()?;
+        Some(wait.min(self.max_hidden()).as_secs_f64().ceil() as i32).filter(|&s| s > 0)
     }
 
     /// The current pop receipt for `lease` and the message's turn: a receipt of this process's
@@ -431,8 +458,9 @@ impl Backend for AzureBackend {
             claim_by_kind: false,
             min_lease: Duration::from_secs(1),
             push_delivery: false,
-            // Not sent invisible yet: the worker puts a job received early back until its time.
-            max_delay: None,
+            // A scheduled job is sent invisible until its time, up to 7 days (less than the
+            // message's time to live); a later one comes early and the worker puts it back.
+            max_delay: Some(self.max_hidden()).filter(|d| !d.is_zero()),
         }
     }
 }
@@ -523,7 +551,7 @@ impl Claim for AzureBackend {
             broker::store_down(job, &e);
             let text = wire::poison_text(&record, self.inner.options.base64);
             let ttl = self.inner.options.poison_time_to_live;
-            self.send(&self.inner.poison, text, ttl, "send to the poison queue").await?;
+            self.send(&self.inner.poison, text, ttl, None, "send to the poison queue").await?;
         }
         if self.inner.fail_after_record.load(Ordering::Relaxed) {
             return Err(Error::temporary("injected: dead-lettering stopped after the record was kept"));
@@ -550,7 +578,8 @@ impl Renew for AzureBackend {
 impl Enqueue for AzureBackend {
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
         let text = self.outgoing(&job)?;
-        Ok(Enqueued::Created(self.send(&self.inner.source, text, self.inner.options.time_to_live, "send").await?))
+        let (ttl, hidden) = (self.inner.options.time_to_live, self.send_delay(&job));
+        Ok(Enqueued::Created(self.send(&self.inner.source, text, ttl, hidden, "send").await?))
     }
 
     /// Azure has no batch send: one request per job, a few at a time. Every job is checked
@@ -561,9 +590,11 @@ impl Enqueue for AzureBackend {
         let mut failure = None;
         let (ttl, texts) = (self.inner.options.time_to_live, &texts);
         for chunk in (0..jobs.len()).collect::<Vec<_>>().chunks(SENDS_AT_ONCE) {
-            let sends = chunk
-                .iter()
-                .map(|&i| async move { (i, self.send(&self.inner.source, texts[i].clone(), ttl, "send").await) });
+            // Each job's delay is measured as its chunk goes: a later chunk waits less.
+            let sends = chunk.iter().map(|&i| {
+                let hidden = self.send_delay(&jobs[i]);
+                async move { (i, self.send(&self.inner.source, texts[i].clone(), ttl, hidden, "send").await) }
+            });
             for (i, result) in futures_util::future::join_all(sends).await {
                 match result {
                     Ok(id) => sent[i] = Some(id),

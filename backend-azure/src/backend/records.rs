@@ -57,7 +57,8 @@ impl Broker for AzureBackend {
 
     async fn send_replay(&self, job: &NewJob, _record: &FailureId) -> Result<JobId> {
         let text = self.outgoing(job)?;
-        self.send(&self.inner.source, text, self.inner.options.time_to_live, "replay").await
+        let (ttl, hidden) = (self.inner.options.time_to_live, self.send_delay(job));
+        self.send(&self.inner.source, text, ttl, hidden, "replay").await
     }
 
     fn drain_lock(&self) -> &tokio::sync::Mutex<()> {

@@ -377,21 +377,36 @@ impl SqsBackend {
         Ok((body, attrs))
     }
 
-    /// Sends one job to the source queue; on FIFO queues its group is its key (no head-of-line
-    /// blocking across effects) and `dedupe` its deduplication id.
+    /// Sends one job to the source queue, delayed until its time ([`Self::send_delay`]); on FIFO
+    /// queues its group is its key (no head-of-line blocking across effects) and `dedupe` its
+    /// deduplication id.
     async fn send(&self, job: &NewJob, dedupe: String, what: &str) -> Result<JobId> {
         let (body, attrs) = self.outgoing(job)?;
-        self.send_to(&self.inner.source, body, attrs, &job.key, dedupe, what).await
+        let delay = self.send_delay(job);
+        self.send_to(&self.inner.source, body, attrs, (&job.key, dedupe), delay, what).await
     }
 
-    /// Sends one message to `queue`, grouped by `key` and deduplicated by `dedupe` on FIFO.
+    /// The `DelaySeconds` a job is sent with: the time to its `not_before`, rounded up to whole
+    /// seconds so that it never arrives early, at most SQS's 15 minutes (a later job arrives
+    /// early and the worker puts it back until its time, at no attempt's cost). `None` when it
+    /// is due, and on FIFO queues, which refuse a per-message delay.
+    fn send_delay(&self, job: &NewJob) -> Option<i32> {
+        if self.inner.source.fifo {
+            return None;
+        }
+        let wait = (job.not_before? - Utc::now()).to_std().ok()?;
+        Some(wait.min(MAX_DELAY).as_secs_f64().ceil() as i32).filter(|&s| s > 0)
+    }
+
+    /// Sends one message to `queue`: on FIFO grouped by `key` and deduplicated by `dedupe`, on a
+    /// standard queue delayed by `delay` seconds.
     async fn send_to(
         &self,
         queue: &QueueInfo,
         body: String,
         attrs: HashMap<String, MessageAttributeValue>,
-        key: &IdempotencyKey,
-        dedupe: String,
+        (key, dedupe): (&IdempotencyKey, String),
+        delay: Option<i32>,
         what: &str,
     ) -> Result<JobId> {
         let mut request = self
@@ -403,6 +418,8 @@ impl SqsBackend {
             .set_message_attributes(Some(attrs));
         if queue.fifo {
             request = request.message_group_id(key.as_str()).message_deduplication_id(dedupe);
+        } else {
+            request = request.set_delay_seconds(delay);
         }
         let out = request.send().await.map_err(|e| sdk(e, what))?;
         Ok(JobId(out.message_id.unwrap_or_default()))
@@ -524,8 +541,8 @@ impl SqsBackend {
             &self.inner.dlq,
             body,
             attrs,
-            &record.key,
-            lease.job_id.0.clone(),
+            (&record.key, lease.job_id.0.clone()),
+            None,
             "send to the dead-letter queue",
         )
         .await?;
@@ -595,7 +612,9 @@ impl Enqueue for SqsBackend {
                     let mut entry = SendMessageBatchRequestEntry::builder()
                         .id(i.to_string())
                         .message_body(body)
-                        .set_message_attributes(Some(attrs.clone()));
+                        .set_message_attributes(Some(attrs.clone()))
+                        // Measured at each try: a job sent again after a backoff waits less.
+                        .set_delay_seconds(self.send_delay(&jobs[i]));
                     if self.inner.source.fifo {
                         entry = entry
                             .message_group_id(jobs[i].key.as_str())
@@ -670,8 +689,10 @@ impl Backend for SqsBackend {
             claim_by_kind: false,
             min_lease: Duration::from_secs(1),
             push_delivery: false,
-            // Not sent with a delay yet: the worker puts a job received early back until its time.
-            max_delay: None,
+            // Standard queues send a scheduled job with `DelaySeconds`, up to 15 minutes; a later
+            // one comes early and the worker puts it back (deferrals of 15 minutes at most). FIFO
+            // queues refuse a per-message delay: there the worker does all the waiting.
+            max_delay: (!self.inner.source.fifo).then_some(MAX_DELAY),
         }
     }
 }
