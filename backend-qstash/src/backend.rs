@@ -27,6 +27,8 @@ use crate::signature::Verifier;
 /// Room kept in a message for the envelope's fields and the headers a copy adds (the error
 /// history, base64url JSON, is the largest).
 const MESSAGE_ROOM: usize = 16 * 1024;
+/// How often, at most, the receiver reads the signing keys again after a rotation.
+const KEYS_REFRESH: Duration = Duration::from_secs(60);
 /// QStash's deduplication window.
 const DEDUPE_WINDOW: Duration = Duration::from_secs(600);
 /// The longest `Upstash-Not-Before` / `Upstash-Delay` the backend sends: QStash's plans allow 7
@@ -53,6 +55,9 @@ pub(crate) struct Inner {
     held: Mutex<HashMap<String, Arc<Delivery>>>,
     draining: tokio::sync::Mutex<()>,
     cursor: Mutex<Cursor>,
+    /// When the signing keys were last read from QStash; `None` when the configuration gives
+    /// them (then they are never replaced).
+    keys_read: Option<Mutex<Option<Instant>>>,
     fail_after_replay_send: AtomicBool,
 }
 
@@ -147,10 +152,37 @@ impl QStashBackend {
                 held: Mutex::new(HashMap::new()),
                 draining: tokio::sync::Mutex::new(()),
                 cursor: Mutex::new(Cursor::Start),
+                keys_read: config.signing_keys.is_none().then(|| Mutex::new(None)),
                 fail_after_replay_send: AtomicBool::new(false),
                 config,
             }),
         })
+    }
+
+    /// Reads the signing keys again after a delivery neither key verified: QStash rotated them
+    /// (the next key became current, and a new next key was made). At most once a minute, so
+    /// forged deliveries cannot make the receiver call QStash for each; never where the
+    /// configuration gives the keys. Whether the keys were read.
+    pub(crate) async fn refresh_keys(&self) -> bool {
+        let Some(read) = &self.inner.keys_read else { return false };
+        {
+            let mut last = lock(read);
+            if last.is_some_and(|at| at.elapsed() < KEYS_REFRESH) {
+                return false;
+            }
+            *last = Some(Instant::now());
+        }
+        match self.inner.api.signing_keys().await {
+            Ok(keys) => {
+                info!("signing keys read again from QStash after a delivery neither key verified");
+                self.inner.verifier.replace_keys(keys);
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "the signing keys could not be read again from QStash");
+                false
+            }
+        }
     }
 
     /// Publish and batch requests made so far (the benchmark's publishes per job).

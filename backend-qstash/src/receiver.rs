@@ -17,6 +17,7 @@ use tracing::{debug, warn};
 
 use crate::backend::{Delivery, FAILED_AT_HEADER, QStashBackend, State, Verdict};
 use crate::dead::Carried;
+use crate::signature::NOT_OUR_KEYS;
 
 impl QStashBackend {
     /// The endpoint QStash delivers to, for `Router::route(path, backend.receiver())` at the
@@ -47,7 +48,11 @@ async fn receive(Shared(backend): Shared<QStashBackend>, headers: HeaderMap, bod
     let Some(signature) = header(&headers, "upstash-signature") else {
         return refuse(StatusCode::UNAUTHORIZED, "no Upstash-Signature");
     };
-    if let Err(why) = inner.verifier.verify(&signature, &body) {
+    let mut verified = inner.verifier.verify(&signature, &body);
+    if verified == Err(NOT_OUR_KEYS) && backend.refresh_keys().await {
+        verified = inner.verifier.verify(&signature, &body);
+    }
+    if let Err(why) = verified {
         warn!(why, "a delivery was refused: its signature does not hold");
         return refuse(StatusCode::UNAUTHORIZED, why);
     }

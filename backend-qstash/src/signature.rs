@@ -3,6 +3,7 @@
 //! against the configured URL, the raw body and the injected clock.
 
 use std::collections::HashSet;
+use std::sync::RwLock;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -22,9 +23,14 @@ struct Claims {
     body: String,
 }
 
+/// Why a signature was refused when neither key verifies it: the one refusal that fresh keys
+/// (after a rotation) could turn into an acceptance.
+pub(crate) const NOT_OUR_KEYS: &str =
+    "the signature is not an HS256 JWT signed with the current or the next signing key";
+
 /// Checks deliveries' signatures.
 pub(crate) struct Verifier {
-    keys: SigningKeys,
+    keys: RwLock<SigningKeys>,
     url: String,
     leeway: Duration,
     clock: Clock,
@@ -32,7 +38,12 @@ pub(crate) struct Verifier {
 
 impl Verifier {
     pub(crate) fn new(keys: SigningKeys, url: String, leeway: Duration, clock: Clock) -> Self {
-        Self { keys, url, leeway, clock }
+        Self { keys: RwLock::new(keys), url, leeway, clock }
+    }
+
+    /// Takes the keys QStash signs with now (after a rotation).
+    pub(crate) fn replace_keys(&self, keys: SigningKeys) {
+        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = keys;
     }
 
     /// Why `token` does not sign `body` for this receiver, if it does not. The reason names a
@@ -44,13 +55,14 @@ impl Verifier {
         validation.validate_nbf = false;
         validation.validate_aud = false;
         validation.required_spec_claims = HashSet::new();
-        let claims = [&self.keys.current, &self.keys.next]
+        let keys = self.keys.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let claims = [&keys.current, &keys.next]
             .into_iter()
             .find_map(|key| {
                 let key = DecodingKey::from_secret(key.as_bytes()).ok()?;
                 jsonwebtoken::decode::<Claims>(token, &key, &validation).ok()
             })
-            .ok_or("the signature is not an HS256 JWT signed with the current or the next signing key")?
+            .ok_or(NOT_OUR_KEYS)?
             .claims;
         if claims.iss != "Upstash" {
             return Err("the signature's issuer is not Upstash");

@@ -226,3 +226,32 @@ async fn start_and_enqueue_errors_are_clear_and_typed() {
     let greedy = NewJob::from_job(&Grant { account: 4 }).unwrap().with_cap(20);
     assert_eq!(backend.enqueue(greedy).await.unwrap_err().kind(), ErrorKind::Config, "a cap over the plan's retries");
 }
+
+#[tokio::test]
+async fn after_qstash_rotates_its_keys_twice_deliveries_are_still_accepted() {
+    // The backend read the keys at connect; two rotations later QStash signs with a key it
+    // has never seen, and the receiver reads the keys again rather than refuse every delivery.
+    let rig = common::rig().await;
+    rig.emulator.rotate_keys();
+    rig.emulator.rotate_keys();
+    let runs = Arc::new(AtomicU32::new(0));
+    let seen = runs.clone();
+    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
+        .handle::<Grant>(move |_job: Grant, _ctx: JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .start();
+    rig.backend.enqueue_job(&Grant { account: 11 }).await.unwrap();
+    let delivered =
+        rig.emulator.wait_until(Duration::from_secs(10), |e| e.deliveries().iter().any(|d| d.delivered())).await;
+    worker.shutdown().await;
+    assert!(delivered, "the delivery signed with the new current key should be accepted");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let refused = rig.emulator.deliveries().iter().filter(|d| d.status == Some(401)).count();
+    assert_eq!(refused, 0, "no delivery was refused on the way");
+}
