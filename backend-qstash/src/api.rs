@@ -136,9 +136,8 @@ impl Api {
             .into_iter()
             .map(|a| {
                 let one = if let Value::Array(mut many) = a { many.pop().unwrap_or(Value::Null) } else { a };
-                serde_json::from_value(one).map_err(|e| {
-                    Error::temporary("QStash batch publish: an answer without a message id").with_source(e)
-                })
+                serde_json::from_value(one)
+                    .map_err(|_| Error::temporary("QStash batch publish: an answer without a message id"))
             })
             .collect()
     }
@@ -163,8 +162,12 @@ impl Api {
     }
 
     /// Sends a DLQ entry's message again through QStash's retry API; answers the new message's id.
-    pub(crate) async fn dlq_retry(&self, dlq_id: &str) -> Result<String> {
-        let request = self.http.post(self.url(&format!("/v2/dlq/retry/{dlq_id}")));
+    /// `overrides` are `Upstash-*` headers that change the message's settings for the retry.
+    pub(crate) async fn dlq_retry(&self, dlq_id: &str, overrides: Vec<(String, String)>) -> Result<String> {
+        let mut request = self.http.post(self.url(&format!("/v2/dlq/retry/{dlq_id}")));
+        for (name, value) in overrides {
+            request = request.header(name, value);
+        }
         let published: Published = json(self.send(request, "DLQ retry").await?, "DLQ retry").await?;
         Ok(published.message_id)
     }
@@ -183,8 +186,9 @@ impl Api {
 
 async fn json<T: serde::de::DeserializeOwned>(response: Response, what: &str) -> Result<T> {
     let bytes = response.bytes().await.map_err(|e| Error::temporary(format!("QStash {what}: {}", cause(&e))))?;
+    // serde's message may quote the answer: it is left out.
     serde_json::from_slice(&bytes)
-        .map_err(|e| Error::temporary(format!("QStash {what}: an answer that is not the expected JSON")).with_source(e))
+        .map_err(|_| Error::temporary(format!("QStash {what}: an answer that is not the expected JSON")))
 }
 
 /// The error for a QStash answer that is not 2xx: its status as a kind and retry flag, QStash's
@@ -205,6 +209,11 @@ async fn refusal(what: &str, response: Response) -> Error {
             format!("QStash {what}: QStash refused the token ({status}){reason}; check QSTASH_TOKEN"),
         ),
         StatusCode::NOT_FOUND => Error::new(ErrorKind::NotFound, format!("QStash {what}: not found{reason}")),
+        StatusCode::PAYLOAD_TOO_LARGE => Error::new(
+            ErrorKind::PayloadTooLarge,
+            format!("QStash {what}: the message is over the plan's size{reason}"),
+        ),
+        StatusCode::REQUEST_TIMEOUT => Error::temporary(format!("QStash {what}: timed out (408){reason}")),
         StatusCode::PRECONDITION_FAILED => Error::new(
             ErrorKind::Backend,
             format!("QStash {what}: the plan's quota is used up (412){reason}; nothing was sent"),

@@ -11,8 +11,8 @@ use chrono::Utc;
 use redrive_core::broker::{Broker, Drained, not_all_sent};
 use redrive_core::{
     AttemptError, Backend, Capabilities, Claim, Claimed, Counts, Dedupe, Enqueue, Enqueued, Envelope, Error, ErrorKind,
-    FailureId, FailureQuery, JobId, JobRecord, Kinds, Lease, NewJob, QueueStats, RecordState, RecordStore, Renew,
-    Result, payload_fingerprint,
+    FailureId, FailureQuery, JobId, JobRecord, Kinds, Lease, NewJob, QueueStats, RecordStore, Renew, Result,
+    payload_fingerprint,
 };
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, oneshot};
@@ -261,18 +261,16 @@ impl QStashBackend {
     }
 
     /// Publishes the delivery's next copy after `delay`, carrying `spent` attempts and `errors`:
-    /// a retry or a deferral. Its deduplication id is the delivery's and the verdict's, so a
-    /// delivery answered twice (a lost answer, redelivered) sends one copy.
-    async fn publish_copy(
-        &self,
-        d: &Delivery,
-        spent: u32,
-        errors: &[AttemptError],
-        delay: Duration,
-        why: &str,
-    ) -> Result<()> {
+    /// a retry or a deferral. Its deduplication id is the delivery's (message id and retry
+    /// count): one delivery has one successor, so the same delivery made twice at once (one run,
+    /// one deferred behind its hold) cannot fork the job into two chains.
+    async fn publish_copy(&self, d: &Delivery, spent: u32, errors: &[AttemptError], delay: Duration) -> Result<()> {
+        if !Self::waits(d) {
+            // QStash stopped waiting and delivers the message again: no second chain.
+            return Err(lease_lost());
+        }
         let mut headers = self.common_headers(d.job.cap.saturating_sub(1).saturating_sub(spent));
-        let dedupe = hex_sha256(&[&d.message_id, &d.retried.to_string(), why]);
+        let dedupe = hex_sha256(&[&d.message_id, &d.retried.to_string()]);
         headers.push(("Upstash-Deduplication-Id".into(), dedupe));
         let delay = delay.min(MAX_DELAY);
         if delay >= Duration::from_millis(500) {
@@ -304,6 +302,11 @@ impl QStashBackend {
         }
     }
 
+    /// Whether the delivery's request still waits for its answer.
+    fn waits(delivery: &Delivery) -> bool {
+        lock(&delivery.verdict).as_ref().is_some_and(|sender| !sender.is_closed())
+    }
+
     fn answer(delivery: &Delivery, verdict: Verdict) -> Result<()> {
         let sender = lock(&delivery.verdict).take().ok_or_else(lease_lost)?;
         // QStash stopped waiting (or the connection dropped): it delivers the message again.
@@ -322,10 +325,12 @@ impl QStashBackend {
     pub(crate) async fn lapse(&self, d: &Arc<Delivery>) -> Option<Verdict> {
         let now = Instant::now();
         let lapsed = {
+            // One lock order everywhere: `waiting`, then a delivery's `state`, then `held`.
+            let mut waiting = lock(&self.inner.waiting);
             let mut state = lock(&d.state);
             match &*state {
                 State::Waiting if now >= d.arrived + self.inner.config.park_limit.min(d.answer_by - d.arrived) => {
-                    lock(&self.inner.waiting).retain(|w| !Arc::ptr_eq(w, d));
+                    waiting.retain(|w| !Arc::ptr_eq(w, d));
                     *state = State::Settled;
                     Some(None)
                 }
@@ -343,14 +348,34 @@ impl QStashBackend {
             return Some(Verdict::again(500, Duration::from_secs(1), "the worker's lease lapsed"));
         }
         let spent = d.job.attempt.saturating_sub(1);
-        Some(match self.publish_copy(d, spent, &d.carried.errors, Duration::ZERO, "unclaimed").await {
+        // Delayed by the park limit: a kind no worker here handles comes back at that pace, not
+        // at once in a loop of billed messages.
+        let delay = self.inner.config.park_limit;
+        Some(match self.publish_copy(d, spent, &d.carried.errors, delay).await {
             Ok(()) => Verdict::ok(),
+            Err(e) if e.kind() == ErrorKind::LeaseLost => Verdict::again(500, Duration::from_secs(1), "gone"),
             Err(e) => {
                 warn!(job = %d.job.id, kind = %d.job.kind, key = %d.job.key, error = %e,
                     "no worker claimed a QStash delivery and its copy could not be sent; QStash retries it");
                 Verdict::again(503, Duration::from_secs(1), "no worker was free")
             }
         })
+    }
+
+    /// Forgets a delivery whose request is gone (QStash, or a proxy in front, closed the
+    /// connection): no worker claims it, and a claim of it can no longer settle.
+    pub(crate) fn forget(&self, d: &Arc<Delivery>) {
+        let mut waiting = lock(&self.inner.waiting);
+        let mut state = lock(&d.state);
+        match std::mem::replace(&mut *state, State::Settled) {
+            State::Waiting => waiting.retain(|w| !Arc::ptr_eq(w, d)),
+            State::Claimed { token, .. } => {
+                lock(&self.inner.held).remove(&token);
+            }
+            State::Settled => return,
+        }
+        warn!(job = %d.job.id, kind = %d.job.kind, key = %d.job.key, attempt = d.job.attempt,
+            "a QStash delivery's connection closed before its verdict; QStash delivers it again");
     }
 
     fn take(&self, kinds: &Kinds, max: usize, lease: Duration) -> Vec<Claimed> {
@@ -366,25 +391,18 @@ impl QStashBackend {
             }
             let d = waiting.remove(i).expect("within the queue");
             let token = uuid::Uuid::new_v4().to_string();
-            *lock(&d.state) = State::Claimed { token: token.clone(), until: (now + lease).min(d.answer_by) };
+            {
+                let mut state = lock(&d.state);
+                if *state != State::Waiting {
+                    continue;
+                }
+                *state = State::Claimed { token: token.clone(), until: (now + lease).min(d.answer_by) };
+            }
             d.changed.notify_one();
             lock(&self.inner.held).insert(token.clone(), d.clone());
             taken.push(Claimed { job: d.job.clone(), lease: Lease { job_id: d.job.id.clone(), token }, begun: None });
         }
         taken
-    }
-
-    /// The record store's view of whether this delivery is a replay from the DLQ: QStash sends a
-    /// retried entry with the headers its last copy had, so a job replayed after copies would
-    /// otherwise count their attempts again.
-    pub(crate) async fn replayed_since_copy(&self, job_id: &JobId, copied_at: chrono::DateTime<Utc>) -> bool {
-        match self.inner.records.records(&self.inner.scope, &FailureQuery::by_job(job_id.clone())).await {
-            Ok(records) => records.iter().any(|r| matches!(r.state, RecordState::Replayed { at } if at >= copied_at)),
-            Err(e) => {
-                warn!(job = %job_id, error = %e, "could not read the record store to tell a replay; counting the copy's attempts");
-                false
-            }
-        }
     }
 }
 
@@ -469,8 +487,9 @@ impl Claim for QStashBackend {
     async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
         let d = self.settle(lease)?;
         let errors = redrive_core::broker::add_error(d.carried.errors.clone(), d.job.attempt, error);
-        let verdict = match self.publish_copy(&d, d.job.attempt, &errors, delay, "retry").await {
+        let verdict = match self.publish_copy(&d, d.job.attempt, &errors, delay).await {
             Ok(()) => Verdict::ok(),
+            Err(e) if e.kind() == ErrorKind::LeaseLost => return Err(e),
             Err(e) => {
                 warn!(job = %d.job.id, kind = %d.job.kind, key = %d.job.key, attempt = d.job.attempt, error = %e,
                     "the retry's copy could not be published; QStash retries the delivery itself");
@@ -483,8 +502,9 @@ impl Claim for QStashBackend {
     async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
         let d = self.settle(lease)?;
         let spent = d.job.attempt.saturating_sub(1);
-        let verdict = match self.publish_copy(&d, spent, &d.carried.errors, delay, "defer").await {
+        let verdict = match self.publish_copy(&d, spent, &d.carried.errors, delay).await {
             Ok(()) => Verdict::ok(),
+            Err(e) if e.kind() == ErrorKind::LeaseLost => return Err(e),
             Err(e) => {
                 warn!(job = %d.job.id, kind = %d.job.kind, key = %d.job.key, error = %e,
                     "the deferral's copy could not be published; QStash retries the delivery itself");
@@ -495,16 +515,20 @@ impl Claim for QStashBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let d = lock(&self.inner.held).remove(&lease.token).ok_or_else(lease_lost)?;
+        let d = lock(&self.inner.held).get(&lease.token).cloned().ok_or_else(lease_lost)?;
         {
+            let mut waiting = lock(&self.inner.waiting);
             let mut state = lock(&d.state);
-            if !matches!(&*state, State::Claimed { token, .. } if *token == lease.token) {
+            let current = matches!(&*state, State::Claimed { token, until }
+                if *token == lease.token && Instant::now() <= *until);
+            if !current || !Self::waits(&d) {
                 return Err(lease_lost());
             }
             *state = State::Waiting;
+            lock(&self.inner.held).remove(&lease.token);
+            waiting.push_front(d.clone());
         }
         d.changed.notify_one();
-        lock(&self.inner.waiting).push_front(d);
         self.inner.arrived.notify_waiters();
         Ok(())
     }
@@ -600,7 +624,15 @@ impl Broker for QStashBackend {
     /// console, or past its retention) is published anew from the record, under a deduplication
     /// id of its own: the original's could be swallowed for QStash's window.
     async fn send_replay(&self, job: &NewJob, record: &FailureId) -> Result<JobId> {
-        match self.inner.api.dlq_retry(&record.0).await {
+        // The entry carries its last copy's attempts, history and retries: a replay starts over.
+        let forward = |name: &str| format!("Upstash-Forward-{name}");
+        let fresh = vec![
+            ("Upstash-Retries".to_owned(), job.cap.saturating_sub(1).to_string()),
+            (forward(SPENT), "0".to_owned()),
+            (forward(ERRORS), String::new()),
+            (forward(COPIED_AT), Utc::now().timestamp_millis().to_string()),
+        ];
+        match self.inner.api.dlq_retry(&record.0, fresh).await {
             Ok(message_id) => Ok(JobId(message_id)),
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 info!(record = %record, key = %job.key, "the DLQ entry is gone; the replay publishes the job from its record");
@@ -632,21 +664,22 @@ impl Broker for QStashBackend {
         }
     }
 
+    /// Deletes the DLQ entries of the records the store is about to purge (by the store's
+    /// failure times, which are what the purge goes by).
     async fn purge_dead(&self, age: Duration) -> Result<()> {
         let before = Utc::now() - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX);
-        let (mut old, mut cursor) = (Vec::new(), None);
+        let mut query = FailureQuery { failed_before: Some(before), limit: 500, ..FailureQuery::default() };
         loop {
-            let (entries, next) = self.inner.api.dlq_page(cursor.as_deref()).await?;
-            old.extend(entries.iter().map(dead::record_of).filter(|r| r.last_failed_at < before).map(|r| r.id.0));
-            match next {
-                Some(next) if !entries.is_empty() => cursor = Some(next),
-                _ => break,
+            let page = self.inner.records.records(&self.inner.scope, &query).await?;
+            let ids: Vec<String> = page.iter().map(|r| r.id.0.clone()).collect();
+            if !ids.is_empty() {
+                self.inner.api.dlq_delete(&ids).await?;
+            }
+            match page.last() {
+                Some(last) if page.len() == query.page_size() => query.after = Some(last.id.clone()),
+                _ => return Ok(()),
             }
         }
-        if !old.is_empty() {
-            self.inner.api.dlq_delete(&old).await?;
-        }
-        Ok(())
     }
 }
 

@@ -8,7 +8,7 @@
 //! | `Redrive-Job-Id` | the job's id: its first message's id |
 //! | `Redrive-Spent` | attempts the job spent before this copy |
 //! | `Redrive-Errors` | the failed attempts so far, JSON as in `docs/envelope.md`, base64url |
-//! | `Redrive-Copied-At` | when the copy was published, unix milliseconds |
+//! | `Redrive-Copied-At` | when the copy was published, unix milliseconds (for a person reading the DLQ) |
 
 use std::collections::HashMap;
 
@@ -34,7 +34,6 @@ pub(crate) struct Carried {
     pub(crate) job_id: Option<String>,
     pub(crate) spent: u32,
     pub(crate) errors: Vec<AttemptError>,
-    pub(crate) copied_at: Option<DateTime<Utc>>,
 }
 
 impl Carried {
@@ -45,7 +44,6 @@ impl Carried {
             job_id: one(JOB_ID).filter(|id| !id.is_empty()),
             spent: one(SPENT).and_then(|s| s.trim().parse().ok()).unwrap_or(0),
             errors: one(ERRORS).and_then(|e| decode_errors(&e)).unwrap_or_default(),
-            copied_at: one(COPIED_AT).and_then(|ms| millis(&ms)),
         }
     }
 }
@@ -85,7 +83,9 @@ pub(crate) fn record_of(entry: &DlqEntry) -> FailureRecord {
     let created = entry.created_at.and_then(|ms| Utc.timestamp_millis_opt(ms).single()).unwrap_or_else(Utc::now);
     let (env, undecodable) = carried_job("qstash", &entry.message_id, &body, Known::default(), created);
     let attempts = carried.spent + entry.retried.unwrap_or(0) + 1;
-    let failed_at = lookup(&entry.response_header, FAILED_AT).and_then(|ms| millis(&ms)).unwrap_or(created);
+    // A message QStash moved on its own says nothing of when: the drain that first lists it
+    // keeps that moment (records are kept once), rather than the copy's publish time.
+    let failed_at = lookup(&entry.response_header, FAILED_AT).and_then(|ms| millis(&ms)).unwrap_or_else(Utc::now);
     let answer = text(&entry.response_body, &entry.response_body_base64);
     let error = match (undecodable, entry.response_status) {
         (Some(why), _) => why,

@@ -65,6 +65,9 @@ async fn receive(Shared(backend): Shared<QStashBackend>, headers: HeaderMap, bod
     debug!(job = %delivery.job.id, kind = %delivery.job.kind, key = %delivery.job.key, attempt = delivery.job.attempt,
         "QStash delivery parked");
     backend.park(delivery.clone());
+    // Dropped with this future when the connection closes (QStash's timeout, a proxy's): the
+    // delivery is forgotten, so no worker runs a job whose request is gone.
+    let _gone = Forget(&backend, &delivery);
     loop {
         let wake = match &*delivery.state.lock().unwrap_or_else(|p| p.into_inner()) {
             State::Waiting => delivery.arrived + inner.config.park_limit.min(delivery.answer_by - delivery.arrived),
@@ -83,8 +86,21 @@ async fn receive(Shared(backend): Shared<QStashBackend>, headers: HeaderMap, bod
                 if let Some(verdict) = backend.lapse(&delivery).await {
                     return respond(verdict);
                 }
+                if *delivery.state.lock().unwrap_or_else(|p| p.into_inner()) == State::Settled {
+                    // Settled, but its verdict never came (the settling call was dropped).
+                    return refuse(StatusCode::INTERNAL_SERVER_ERROR, "no verdict");
+                }
             }
         }
+    }
+}
+
+/// Forgets its delivery when dropped before a verdict.
+struct Forget<'a>(&'a QStashBackend, &'a Arc<Delivery>);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.forget(self.1);
     }
 }
 
@@ -93,14 +109,8 @@ async fn receive(Shared(backend): Shared<QStashBackend>, headers: HeaderMap, bod
 async fn delivery(backend: &QStashBackend, headers: &HeaderMap, body: Bytes) -> Option<Delivery> {
     let message_id = header(headers, "upstash-message-id")?;
     let retried: u32 = header(headers, "upstash-retried").and_then(|r| r.parse().ok()).unwrap_or(0);
-    let mut carried = Carried::read(|name| header(headers, name));
+    let carried = Carried::read(|name| header(headers, name));
     let job_id = JobId(carried.job_id.clone().unwrap_or_else(|| message_id.clone()));
-    if let (Some(copied_at), true) = (carried.copied_at, carried.spent > 0 || !carried.errors.is_empty())
-        && backend.replayed_since_copy(&job_id, copied_at).await
-    {
-        // A replay from the DLQ: a fresh run, whatever its last copy had spent.
-        carried = Carried { job_id: carried.job_id, ..Carried::default() };
-    }
     let text = String::from_utf8_lossy(&body).into_owned();
     let (env, undecodable) = carried_job("qstash", &message_id, &text, Known::default(), chrono::Utc::now());
     let attempt = carried.spent + retried + 1;

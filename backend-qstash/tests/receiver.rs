@@ -255,3 +255,94 @@ async fn after_qstash_rotates_its_keys_twice_deliveries_are_still_accepted() {
     let refused = rig.emulator.deliveries().iter().filter(|d| d.status == Some(401)).count();
     assert_eq!(refused, 0, "no delivery was refused on the way");
 }
+
+#[tokio::test]
+async fn a_delivery_whose_connection_closed_is_never_run() {
+    // QStash (or a proxy in front) gave up on the request while it waited for a worker: the
+    // job must not run then, since QStash delivers it again.
+    let rig = rig().await;
+    let url = rig.destination.clone();
+    let body = envelope();
+    let signature = sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 0));
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
+    let sent = impatient
+        .post(&url)
+        .header("Upstash-Message-Id", "msg_gone")
+        .header("Upstash-Retried", "0")
+        .header("Upstash-Signature", &signature)
+        .body(body)
+        .send()
+        .await;
+    assert!(sent.is_err(), "no worker: the request waits until the client gives up");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let counts = rig.backend.counts().await.unwrap();
+    assert_eq!((counts.queued, counts.running), (0, 0), "the delivery was forgotten with its connection");
+    let runs = Arc::new(AtomicU32::new(0));
+    let seen = runs.clone();
+    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
+        .handle::<Grant>(move |_job: Grant, _ctx: JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .start();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    worker.shutdown().await;
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "a job whose request is gone is not run");
+}
+
+#[tokio::test]
+async fn a_replay_after_retries_starts_over_with_every_attempt_and_a_fresh_history() {
+    use redrive_core::{DeadLetter, FailureQuery, Replay};
+    let rig = common::rig().await;
+    let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = starts.clone();
+    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
+        .handle::<Grant>(move |_job: Grant, ctx: JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(ctx.attempt);
+                Err::<(), JobError>(JobError::retry("the ledger service is down"))
+            }
+        })
+        .backoff(redrive_core::Backoff {
+            base: Duration::from_millis(50),
+            max: Duration::from_millis(100),
+            ..redrive_core::Backoff::default()
+        })
+        .alert_sweep(Duration::from_millis(200))
+        .build()
+        .start();
+    rig.backend.enqueue(NewJob::from_job(&Grant { account: 21 }).unwrap().with_cap(3)).await.unwrap();
+    let open = |backend: QStashBackend| async move { backend.list(&FailureQuery::open()).await.unwrap() };
+    let first = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Some(record) = open(rig.backend.clone()).await.pop() {
+                return record;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("a failure record after three attempts");
+    assert_eq!(first.attempts, 3);
+    assert_eq!(first.errors.iter().map(|e| e.attempt).collect::<Vec<_>>(), [1, 2, 3]);
+    rig.backend.replay(&first.id).await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Some(record) = open(rig.backend.clone()).await.into_iter().find(|r| r.id != first.id) {
+                return record;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the replayed job fails again to a new record");
+    worker.shutdown().await;
+    assert_eq!(*starts.lock().unwrap(), [1, 2, 3, 1, 2, 3], "the replay had every attempt again");
+    assert_eq!(second.attempts, 3);
+    assert_eq!(second.errors.iter().map(|e| e.attempt).collect::<Vec<_>>(), [1, 2, 3], "a fresh history");
+}

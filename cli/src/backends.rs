@@ -8,6 +8,7 @@ use redrive_core::{
     Result, Severity,
 };
 use redrive_postgres::{PgBackend, PgConfig};
+use redrive_qstash::{QStashBackend, QStashConfig};
 use redrive_sqlite::{SqliteBackend, SqliteConfig};
 use redrive_sqs::{SqsBackend, SqsConfig};
 
@@ -17,6 +18,7 @@ pub(crate) enum Target {
     Postgres(PgBackend),
     Sqs(SqsBackend),
     Azure(AzureBackend),
+    QStash(QStashBackend),
     Sqlite(SqliteBackend),
 }
 
@@ -27,6 +29,7 @@ macro_rules! on {
             Target::Postgres($b) => $call,
             Target::Sqs($b) => $call,
             Target::Azure($b) => $call,
+            Target::QStash($b) => $call,
             Target::Sqlite($b) => $call,
         }
     };
@@ -42,7 +45,8 @@ impl Target {
     pub(crate) async fn connect(cli: &Cli) -> Result<Self> {
         let url = cli.backend.as_deref().ok_or_else(|| {
             config_error(
-                "no backend: pass --backend (postgres://…, sqlite://PATH, sqs://QUEUE, azure://QUEUE) or set REDRIVE_URL",
+                "no backend: pass --backend (postgres://…, sqlite://PATH, sqs://QUEUE, azure://QUEUE, \
+                 qstash://HOST/PATH) or set REDRIVE_URL",
             )
         })?;
         let database =
@@ -71,10 +75,25 @@ impl Target {
                 Err(_) => return Err(config_error("azure:// needs AZURE_STORAGE_CONNECTION_STRING")),
             };
             Ok(Self::Azure(AzureBackend::connect(&account, queue, QueueOptions::default(), records().await?).await?))
+        } else if let Some((scheme, endpoint)) = url.split_once("://")
+            && (scheme == "qstash" || scheme == "qstash+http")
+        {
+            // The destination the workers' receiver is at: its records are scoped by it.
+            let plain = scheme == "qstash+http";
+            let destination = format!("{}://{endpoint}", if plain { "http" } else { "https" });
+            let token = std::env::var("QSTASH_TOKEN").map_err(|_| config_error("qstash:// needs QSTASH_TOKEN"))?;
+            let mut config = QStashConfig::new(token, destination);
+            if let Ok(api) = std::env::var("QSTASH_URL") {
+                config = config.with_api_url(api);
+            }
+            if plain {
+                config = config.allow_plain_http();
+            }
+            Ok(Self::QStash(QStashBackend::connect(config, std::sync::Arc::new(records().await?)).await?))
         } else {
             Err(Error::new(
                 ErrorKind::InvalidName,
-                "the backend URL must start with postgres://, sqlite://, sqs:// or azure://",
+                "the backend URL must start with postgres://, sqlite://, sqs://, azure:// or qstash://",
             ))
         }
     }

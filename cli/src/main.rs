@@ -29,11 +29,12 @@ use crate::backends::Target;
 struct Cli {
     /// The queue: `postgres://…` (its records are in the same database), `sqlite://PATH` (the
     /// file), `sqs://QUEUE` (AWS from
-    /// the environment as usual; `REDRIVE_SQS_ENDPOINT` for moto), or `azure://QUEUE`
-    /// (`AZURE_STORAGE_CONNECTION_STRING`).
+    /// the environment as usual; `REDRIVE_SQS_ENDPOINT` for moto), `azure://QUEUE`
+    /// (`AZURE_STORAGE_CONNECTION_STRING`), or `qstash://HOST/PATH`, the workers' receiver
+    /// (`QSTASH_TOKEN`, and `QSTASH_URL` for another API; `qstash+http://` for the emulator).
     #[arg(long, env = "REDRIVE_URL", global = true, hide_env_values = true)]
     backend: Option<String>,
-    /// Where an SQS or Azure queue keeps its failure records: a PostgreSQL URL (default
+    /// Where an SQS, Azure or QStash queue keeps its failure records: a PostgreSQL URL (default
     /// `DATABASE_URL`).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     records: Option<String>,
