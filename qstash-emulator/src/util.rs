@@ -3,8 +3,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
-use base64::engine::general_purpose::{STANDARD, URL_SAFE, URL_SAFE_NO_PAD};
-use hmac::{KeyInit, Mac};
+use base64::engine::general_purpose::{STANDARD, URL_SAFE};
 use rand::Rng;
 use rand::distr::Alphanumeric;
 use sha2::{Digest, Sha256};
@@ -291,7 +290,6 @@ impl Parser {
 /// the base64url (padded) SHA-256 of the raw body, as QStash sends it.
 pub(crate) fn sign(key: &str, url: &str, body: &[u8]) -> String {
     let now = now_secs();
-    let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
     let claims = serde_json::json!({
         "iss": "Upstash",
         "sub": url,
@@ -301,12 +299,9 @@ pub(crate) fn sign(key: &str, url: &str, body: &[u8]) -> String {
         "jti": random_id("jwt_", 28),
         "body": URL_SAFE.encode(Sha256::digest(body)),
     });
-    let payload = URL_SAFE_NO_PAD.encode(claims.to_string());
-    let input = format!("{header}.{payload}");
-    let mut mac = hmac::Hmac::<Sha256>::new_from_slice(key.as_bytes()).expect("HMAC takes a key of any length");
-    mac.update(input.as_bytes());
-    let sig = URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes());
-    format!("{input}.{sig}")
+    let key = jsonwebtoken::EncodingKey::from_secret(key.as_bytes()).expect("an HMAC key of any length");
+    jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &claims, &key)
+        .expect("HS256 claims always sign")
 }
 
 /// `body` as UTF-8 when it is, else `None`; the caller then sends base64.
