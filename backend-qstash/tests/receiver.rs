@@ -346,3 +346,38 @@ async fn a_replay_after_retries_starts_over_with_every_attempt_and_a_fresh_histo
     assert_eq!(second.attempts, 3);
     assert_eq!(second.errors.iter().map(|e| e.attempt).collect::<Vec<_>>(), [1, 2, 3], "a fresh history");
 }
+
+#[tokio::test]
+async fn the_receiver_is_a_plain_tower_service_for_other_frameworks() {
+    use tower::ServiceExt as _;
+    let rig = rig().await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let seen = runs.clone();
+    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
+        .handle::<Grant>(move |_job: Grant, _ctx: JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .start();
+    let body = envelope();
+    let request = |signature: Option<String>| {
+        let mut builder = axum::http::Request::post("/anywhere")
+            .header("Upstash-Message-Id", "msg_tower")
+            .header("Upstash-Retried", "0");
+        if let Some(signature) = signature {
+            builder = builder.header("Upstash-Signature", signature);
+        }
+        builder.body(axum::body::Body::from(body.clone())).unwrap()
+    };
+    let unsigned = rig.backend.receiver().oneshot(request(None)).await.unwrap();
+    assert_eq!(unsigned.status(), 401);
+    let signed = sign(Algorithm::HS256, CURRENT, &claims(&rig.destination, body.as_bytes(), 300, 0));
+    let answered = rig.backend.receiver().oneshot(request(Some(signed))).await.unwrap();
+    worker.shutdown().await;
+    assert_eq!(answered.status(), 200);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
