@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use chrono::{DateTime, TimeZone, Utc};
-use redrive_core::broker::{Known, add_error, carried_job, last_error};
-use redrive_core::{AttemptError, FailureId, FailureRecord, JobId, RecordState};
+use redrive_core::broker::{Known, add_error, carried_job, dead_record, last_error};
+use redrive_core::{AttemptError, FailureId, FailureRecord, JobId};
 
 use crate::api::DlqEntry;
 
@@ -101,20 +101,6 @@ pub(crate) fn record_of(entry: &DlqEntry) -> FailureRecord {
     if let Some(last) = errors.last_mut() {
         last.at = failed_at;
     }
-    FailureRecord {
-        id: FailureId(entry.dlq_id.clone()),
-        job_id: JobId(carried.job_id.unwrap_or_else(|| entry.message_id.clone())),
-        kind: env.kind,
-        key: env.key,
-        provider_key: env.provider_key,
-        payload: env.payload,
-        first_failed_at: errors.first().map_or(failed_at, |e| e.at),
-        last_error,
-        errors,
-        attempts,
-        cap: env.cap,
-        severity: env.severity,
-        last_failed_at: failed_at,
-        state: RecordState::Open,
-    }
+    let job_id = JobId(carried.job_id.unwrap_or_else(|| entry.message_id.clone()));
+    dead_record((FailureId(entry.dlq_id.clone()), job_id), env, last_error, errors, attempts, failed_at)
 }

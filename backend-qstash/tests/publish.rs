@@ -4,14 +4,12 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::routing::post;
-use redrive_core::{
-    DeadLetter, EnqueueExt, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, Retry, Worker,
-};
+use redrive_core::{DeadLetter, EnqueueExt, ErrorKind, FailureQuery, Job, KeyBuilder, Retry};
 use redrive_qstash::{QStashBackend, QStashConfig};
 use redrive_qstash_emulator::RateLimit;
 use serde::{Deserialize, Serialize};
@@ -31,18 +29,7 @@ impl Job for Notify {
 #[tokio::test]
 async fn jobs_published_through_a_named_queue_run_once_each() {
     let rig = common::rig_with(common::emulator(), |c| c.with_queue("notifications")).await;
-    let runs = Arc::new(AtomicU32::new(0));
-    let seen = runs.clone();
-    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
-        .handle::<Notify>(move |_job: Notify, _ctx: JobContext| {
-            let seen = seen.clone();
-            async move {
-                seen.fetch_add(1, Ordering::SeqCst);
-                Ok::<(), JobError>(())
-            }
-        })
-        .build()
-        .start();
+    let (worker, runs) = common::counting_worker::<Notify>(&rig);
     for user in 0..5 {
         rig.backend.enqueue_job(&Notify { user }).await.unwrap();
     }

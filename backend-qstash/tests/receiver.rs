@@ -119,18 +119,7 @@ async fn refused_signatures_never_reach_a_handler() {
 async fn the_current_key_the_next_key_and_skew_inside_the_leeway_are_accepted() {
     let rig = rig().await;
     let url = rig.destination.clone();
-    let runs = Arc::new(AtomicU32::new(0));
-    let seen = runs.clone();
-    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
-        .handle::<Grant>(move |_job: Grant, _ctx: JobContext| {
-            let seen = seen.clone();
-            async move {
-                seen.fetch_add(1, Ordering::SeqCst);
-                Ok::<(), JobError>(())
-            }
-        })
-        .build()
-        .start();
+    let (worker, runs) = common::counting_worker::<Grant>(&rig);
     let body = envelope();
     let accepted = [
         ("the current key", sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 0))),
@@ -234,18 +223,7 @@ async fn after_qstash_rotates_its_keys_twice_deliveries_are_still_accepted() {
     let rig = common::rig().await;
     rig.emulator.rotate_keys();
     rig.emulator.rotate_keys();
-    let runs = Arc::new(AtomicU32::new(0));
-    let seen = runs.clone();
-    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
-        .handle::<Grant>(move |_job: Grant, _ctx: JobContext| {
-            let seen = seen.clone();
-            async move {
-                seen.fetch_add(1, Ordering::SeqCst);
-                Ok::<(), JobError>(())
-            }
-        })
-        .build()
-        .start();
+    let (worker, runs) = common::counting_worker::<Grant>(&rig);
     rig.backend.enqueue_job(&Grant { account: 11 }).await.unwrap();
     let delivered =
         rig.emulator.wait_until(Duration::from_secs(10), |e| e.deliveries().iter().any(|d| d.delivered())).await;
@@ -277,18 +255,7 @@ async fn a_delivery_whose_connection_closed_is_never_run() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let counts = rig.backend.counts().await.unwrap();
     assert_eq!((counts.queued, counts.running), (0, 0), "the delivery was forgotten with its connection");
-    let runs = Arc::new(AtomicU32::new(0));
-    let seen = runs.clone();
-    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
-        .handle::<Grant>(move |_job: Grant, _ctx: JobContext| {
-            let seen = seen.clone();
-            async move {
-                seen.fetch_add(1, Ordering::SeqCst);
-                Ok::<(), JobError>(())
-            }
-        })
-        .build()
-        .start();
+    let (worker, runs) = common::counting_worker::<Grant>(&rig);
     tokio::time::sleep(Duration::from_secs(1)).await;
     worker.shutdown().await;
     assert_eq!(runs.load(Ordering::SeqCst), 0, "a job whose request is gone is not run");
@@ -351,18 +318,7 @@ async fn a_replay_after_retries_starts_over_with_every_attempt_and_a_fresh_histo
 async fn the_receiver_is_a_plain_tower_service_for_other_frameworks() {
     use tower::ServiceExt as _;
     let rig = rig().await;
-    let runs = Arc::new(AtomicU32::new(0));
-    let seen = runs.clone();
-    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
-        .handle::<Grant>(move |_job: Grant, _ctx: JobContext| {
-            let seen = seen.clone();
-            async move {
-                seen.fetch_add(1, Ordering::SeqCst);
-                Ok::<(), JobError>(())
-            }
-        })
-        .build()
-        .start();
+    let (worker, runs) = common::counting_worker::<Grant>(&rig);
     let body = envelope();
     let request = |signature: Option<String>| {
         let mut builder = axum::http::Request::post("/anywhere")

@@ -347,6 +347,35 @@ pub fn job_record(id: JobId, env: Envelope, attempt: u32, undecodable: Option<St
     }
 }
 
+/// The open record of a job that `env` carried, read from a dead-letter message: failed
+/// `attempts` times with `errors` (oldest first) and `last_error`, the last failure at
+/// `failed_at`.
+pub fn dead_record(
+    ids: (FailureId, JobId),
+    env: Envelope,
+    last_error: String,
+    errors: Vec<AttemptError>,
+    attempts: u32,
+    failed_at: DateTime<Utc>,
+) -> FailureRecord {
+    FailureRecord {
+        id: ids.0,
+        job_id: ids.1,
+        kind: env.kind,
+        key: env.key,
+        provider_key: env.provider_key,
+        payload: env.payload,
+        last_error,
+        first_failed_at: errors.first().map_or(failed_at, |e| e.at),
+        errors,
+        attempts,
+        cap: env.cap,
+        severity: env.severity,
+        last_failed_at: failed_at,
+        state: RecordState::Open,
+    }
+}
+
 /// Logs that a record could not be kept in the store and goes to the broker's dead-letter queue.
 pub fn store_down(job: &crate::job::JobRecord, error: &Error) {
     warn!(job = %job.id, kind = %job.kind, key = %job.key, attempt = job.attempt, error = %error,

@@ -94,22 +94,8 @@ impl AzureBackend {
         });
         let mut errors = text.carried.errors.clone();
         errors.push(AttemptError { attempt: attempts, at: moved_at, error: broker::cut(&last_error, 512).into() });
-        let record = FailureRecord {
-            id: FailureId(id.clone()),
-            job_id: JobId(id),
-            kind: env.kind,
-            key: env.key,
-            provider_key: env.provider_key,
-            payload: env.payload,
-            last_error,
-            first_failed_at: errors.first().map_or(moved_at, |e| e.at),
-            errors,
-            attempts,
-            cap: env.cap,
-            severity: env.severity,
-            last_failed_at: moved_at,
-            state: RecordState::Open,
-        };
+        let record =
+            broker::dead_record((FailureId(id.clone()), JobId(id)), env, last_error, errors, attempts, moved_at);
         Some(Drained { record, receipt })
     }
 }

@@ -64,3 +64,20 @@ pub async fn rig_with(emulator: EmulatorBuilder, config: impl FnOnce(QStashConfi
 pub async fn rig() -> Rig {
     rig_with(emulator(), |c| c).await
 }
+
+/// A worker on the rig whose handler for `J` succeeds and counts its runs.
+pub fn counting_worker<J: redrive_core::Job>(rig: &Rig) -> (redrive_core::RunningWorker, Arc<AtomicU32>) {
+    let runs = Arc::new(AtomicU32::new(0));
+    let seen = runs.clone();
+    let worker = redrive_core::Worker::builder(rig.backend.clone(), rig.ledger.clone())
+        .handle::<J>(move |_job: J, _ctx: redrive_core::JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), redrive_core::JobError>(())
+            }
+        })
+        .build()
+        .start();
+    (worker, runs)
+}

@@ -134,22 +134,8 @@ impl SqsBackend {
         }
         // The id the worker gives a record: the source message's, which the redrive policy keeps.
         let id = attr(ATTR_SOURCE_ID).unwrap_or_else(|| message_id.clone());
-        FailureRecord {
-            id: FailureId(id.clone()),
-            job_id: JobId(attr(ATTR_JOB_ID).unwrap_or(id)),
-            kind: env.kind,
-            key: env.key,
-            provider_key: env.provider_key,
-            payload: env.payload,
-            last_error,
-            first_failed_at: errors.first().map_or(failed_at, |e| e.at),
-            errors,
-            attempts,
-            cap: env.cap,
-            severity: env.severity,
-            last_failed_at: failed_at,
-            state: RecordState::Open,
-        }
+        let job_id = JobId(attr(ATTR_JOB_ID).unwrap_or_else(|| id.clone()));
+        broker::dead_record((FailureId(id), job_id), env, last_error, errors, attempts, failed_at)
     }
 }
 
