@@ -14,7 +14,6 @@ use redrive_core::{
     FailureId, FailureQuery, JobId, JobRecord, Kinds, Lease, NewJob, QueueStats, RecordStore, Renew, Result,
     payload_fingerprint,
 };
-use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -76,9 +75,10 @@ pub(crate) struct Delivery {
     pub(crate) carried: Carried,
     /// The raw body, sent again by a copy.
     pub(crate) body: String,
-    pub(crate) arrived: Instant,
     /// When QStash stops waiting for the answer, less a margin to send it.
     pub(crate) answer_by: Instant,
+    /// When, unclaimed, it goes back to QStash (the park limit, within `answer_by`).
+    pub(crate) unclaimed_by: Instant,
     pub(crate) state: Mutex<State>,
     /// Told when the state changes, so the parked request looks at its deadline again.
     pub(crate) changed: Notify,
@@ -112,7 +112,7 @@ impl Verdict {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -124,8 +124,9 @@ fn seconds(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-fn hex_sha256(parts: &[&str]) -> String {
-    hex::encode(Sha256::digest(serde_json::to_vec(parts).expect("strings serialize")))
+/// A deduplication id made of `parts`, hashed as a job's is ([`NewJob::dedupe_id`]).
+fn dedupe_of(parts: &[&str]) -> String {
+    payload_fingerprint(&serde_json::json!(parts))
 }
 
 impl QStashBackend {
@@ -220,20 +221,6 @@ impl QStashBackend {
         self.inner.fail_after_replay_send.store(fail, Ordering::Relaxed);
     }
 
-    fn check_job(&self, job: &NewJob) -> Result<()> {
-        job.check_size(self.capabilities().max_payload)?;
-        if job.cap.saturating_sub(1) > self.inner.config.max_retries {
-            return Err(Error::new(
-                ErrorKind::Config,
-                format!(
-                    "job {} has a cap of {} attempts; QStash retries at most {} times on this plan",
-                    job.key, job.cap, self.inner.config.max_retries
-                ),
-            ));
-        }
-        Ok(())
-    }
-
     /// The headers every message carries: its retries, the delivery timeout, the body's type.
     fn common_headers(&self, retries: u32) -> Vec<(String, String)> {
         vec![
@@ -256,10 +243,6 @@ impl QStashBackend {
         Outgoing { headers, body: Envelope::new(job).encode() }
     }
 
-    fn dedupe_id(job: &NewJob) -> String {
-        hex_sha256(&[job.key.as_str(), &job.fingerprint()])
-    }
-
     /// Publishes the delivery's next copy after `delay`, carrying `spent` attempts and `errors`:
     /// a retry or a deferral. Its deduplication id is the delivery's (message id and retry
     /// count): one delivery has one successor, so the same delivery made twice at once (one run,
@@ -270,7 +253,7 @@ impl QStashBackend {
             return Err(lease_lost());
         }
         let mut headers = self.common_headers(d.job.cap.saturating_sub(1).saturating_sub(spent));
-        let dedupe = hex_sha256(&[&d.message_id, &d.retried.to_string()]);
+        let dedupe = dedupe_of(&[&d.message_id, &d.retried.to_string()]);
         headers.push(("Upstash-Deduplication-Id".into(), dedupe));
         let delay = delay.min(MAX_DELAY);
         if delay >= Duration::from_millis(500) {
@@ -324,25 +307,25 @@ impl QStashBackend {
     /// (its worker died or stalled) gets a 500, and QStash's retry counts the attempt.
     pub(crate) async fn lapse(&self, d: &Arc<Delivery>) -> Option<Verdict> {
         let now = Instant::now();
-        let lapsed = {
+        let unclaimed = {
             // One lock order everywhere: `waiting`, then a delivery's `state`, then `held`.
             let mut waiting = lock(&self.inner.waiting);
             let mut state = lock(&d.state);
-            match &*state {
-                State::Waiting if now >= d.arrived + self.inner.config.park_limit.min(d.answer_by - d.arrived) => {
+            let unclaimed = match &*state {
+                State::Waiting if now >= d.unclaimed_by => {
                     waiting.retain(|w| !Arc::ptr_eq(w, d));
-                    *state = State::Settled;
-                    Some(None)
+                    true
                 }
                 State::Claimed { token, until } if now >= *until => {
                     lock(&self.inner.held).remove(token);
-                    *state = State::Settled;
-                    Some(Some(()))
+                    false
                 }
-                _ => None,
-            }
-        }?;
-        if lapsed.is_some() {
+                _ => return None,
+            };
+            *state = State::Settled;
+            unclaimed
+        };
+        if !unclaimed {
             warn!(job = %d.job.id, kind = %d.job.kind, key = %d.job.key, attempt = d.job.attempt,
                 "a claimed QStash delivery's lease lapsed; answered 500 for QStash to retry");
             return Some(Verdict::again(500, Duration::from_secs(1), "the worker's lease lapsed"));
@@ -391,13 +374,9 @@ impl QStashBackend {
             }
             let d = waiting.remove(i).expect("within the queue");
             let token = uuid::Uuid::new_v4().to_string();
-            {
-                let mut state = lock(&d.state);
-                if *state != State::Waiting {
-                    continue;
-                }
-                *state = State::Claimed { token: token.clone(), until: (now + lease).min(d.answer_by) };
-            }
+            // Only a waiting delivery is in the list: every change from waiting removes it, under
+            // this lock.
+            *lock(&d.state) = State::Claimed { token: token.clone(), until: (now + lease).min(d.answer_by) };
             d.changed.notify_one();
             lock(&self.inner.held).insert(token.clone(), d.clone());
             taken.push(Claimed { job: d.job.clone(), lease: Lease { job_id: d.job.id.clone(), token }, begun: None });
@@ -425,8 +404,8 @@ impl Backend for QStashBackend {
 
 impl Enqueue for QStashBackend {
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        self.check_job(&job)?;
-        let message = self.first_message(&job, &Self::dedupe_id(&job));
+        Broker::check_job(self, &job)?;
+        let message = self.first_message(&job, &job.dedupe_id());
         let published =
             self.inner.api.publish(&self.inner.config.destination, self.inner.config.queue.as_deref(), message).await?;
         let id = JobId(published.message_id);
@@ -435,11 +414,11 @@ impl Enqueue for QStashBackend {
 
     async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         for job in &jobs {
-            self.check_job(job)?;
+            Broker::check_job(self, job)?;
         }
         let mut answers = Vec::with_capacity(jobs.len());
         for chunk in jobs.chunks(BATCH) {
-            let messages = chunk.iter().map(|j| self.first_message(j, &Self::dedupe_id(j))).collect();
+            let messages = chunk.iter().map(|j| self.first_message(j, &j.dedupe_id())).collect();
             let published = match self
                 .inner
                 .api
@@ -617,7 +596,17 @@ impl Broker for QStashBackend {
     }
 
     fn check_job(&self, job: &NewJob) -> Result<()> {
-        QStashBackend::check_job(self, job)
+        job.check_size(self.capabilities().max_payload)?;
+        if job.cap.saturating_sub(1) > self.inner.config.max_retries {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "job {} has a cap of {} attempts; QStash retries at most {} times on this plan",
+                    job.key, job.cap, self.inner.config.max_retries
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// QStash's retry API on the record's DLQ entry. An entry gone from the DLQ (deleted in the
@@ -636,7 +625,7 @@ impl Broker for QStashBackend {
             Ok(message_id) => Ok(JobId(message_id)),
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 info!(record = %record, key = %job.key, "the DLQ entry is gone; the replay publishes the job from its record");
-                let dedupe = hex_sha256(&[job.key.as_str(), &payload_fingerprint(&job.payload), &record.0]);
+                let dedupe = dedupe_of(&[&job.dedupe_id(), &record.0]);
                 let message = self.first_message(job, &dedupe);
                 let published = self
                     .inner

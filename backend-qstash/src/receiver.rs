@@ -15,7 +15,8 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::backend::{Delivery, FAILED_AT_HEADER, QStashBackend, State, Verdict};
+use crate::backend::{Delivery, FAILED_AT_HEADER, QStashBackend, State, Verdict, lock};
+use crate::config::QStashConfig;
 use crate::dead::Carried;
 use crate::signature::NOT_OUR_KEYS;
 
@@ -56,12 +57,10 @@ async fn receive(Shared(backend): Shared<QStashBackend>, headers: HeaderMap, bod
         warn!(why, "a delivery was refused: its signature does not hold");
         return refuse(StatusCode::UNAUTHORIZED, why);
     }
-    let delivery = match delivery(&backend, &headers, body).await {
-        Some(delivery) => Arc::new(delivery),
-        None => return refuse(StatusCode::BAD_REQUEST, "no Upstash-Message-Id"),
+    let Some((delivery, mut verdict)) = delivery(&inner.config, &headers, body) else {
+        return refuse(StatusCode::BAD_REQUEST, "no Upstash-Message-Id");
     };
-    let (sender, mut verdict) = oneshot::channel();
-    *delivery.verdict.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
+    let delivery = Arc::new(delivery);
     debug!(job = %delivery.job.id, kind = %delivery.job.kind, key = %delivery.job.key, attempt = delivery.job.attempt,
         "QStash delivery parked");
     backend.park(delivery.clone());
@@ -69,8 +68,8 @@ async fn receive(Shared(backend): Shared<QStashBackend>, headers: HeaderMap, bod
     // delivery is forgotten, so no worker runs a job whose request is gone.
     let _gone = Forget(&backend, &delivery);
     loop {
-        let wake = match &*delivery.state.lock().unwrap_or_else(|p| p.into_inner()) {
-            State::Waiting => delivery.arrived + inner.config.park_limit.min(delivery.answer_by - delivery.arrived),
+        let wake = match &*lock(&delivery.state) {
+            State::Waiting => delivery.unclaimed_by,
             State::Claimed { until, .. } => *until,
             State::Settled => delivery.answer_by + Duration::from_secs(5),
         };
@@ -86,7 +85,7 @@ async fn receive(Shared(backend): Shared<QStashBackend>, headers: HeaderMap, bod
                 if let Some(verdict) = backend.lapse(&delivery).await {
                     return respond(verdict);
                 }
-                if *delivery.state.lock().unwrap_or_else(|p| p.into_inner()) == State::Settled {
+                if *lock(&delivery.state) == State::Settled {
                     // Settled, but its verdict never came (the settling call was dropped).
                     return refuse(StatusCode::INTERNAL_SERVER_ERROR, "no verdict");
                 }
@@ -105,8 +104,8 @@ impl Drop for Forget<'_> {
 }
 
 /// The delivery the request carries: its job (or a stand-in for a body that is not an
-/// envelope), its attempt and what its copies carried.
-async fn delivery(backend: &QStashBackend, headers: &HeaderMap, body: Bytes) -> Option<Delivery> {
+/// envelope), its attempt and what its copies carried; and where its verdict will come.
+fn delivery(config: &QStashConfig, headers: &HeaderMap, body: Bytes) -> Option<(Delivery, oneshot::Receiver<Verdict>)> {
     let message_id = header(headers, "upstash-message-id")?;
     let retried: u32 = header(headers, "upstash-retried").and_then(|r| r.parse().ok()).unwrap_or(0);
     let carried = Carried::read(|name| header(headers, name));
@@ -115,20 +114,22 @@ async fn delivery(backend: &QStashBackend, headers: &HeaderMap, body: Bytes) -> 
     let (env, undecodable) = carried_job("qstash", &message_id, &text, Known::default(), chrono::Utc::now());
     let attempt = carried.spent + retried + 1;
     let now = Instant::now();
-    let timeout = backend.inner.config.delivery_timeout;
-    let margin = (timeout / 10).min(Duration::from_secs(5));
-    Some(Delivery {
+    let timeout = config.delivery_timeout;
+    let answer_by = now + timeout - (timeout / 10).min(Duration::from_secs(5));
+    let (sender, verdict) = oneshot::channel();
+    let delivery = Delivery {
         job: job_record(job_id, env, attempt, undecodable),
         message_id,
         retried,
         carried,
         body: text,
-        arrived: now,
-        answer_by: now + timeout - margin,
+        answer_by,
+        unclaimed_by: (now + config.park_limit).min(answer_by),
         state: Mutex::new(State::Waiting),
         changed: Notify::new(),
-        verdict: Mutex::new(None),
-    })
+        verdict: Mutex::new(Some(sender)),
+    };
+    Some((delivery, verdict))
 }
 
 fn respond(verdict: Verdict) -> Response {

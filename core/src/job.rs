@@ -173,6 +173,15 @@ impl NewJob {
         payload_fingerprint(&self.payload)
     }
 
+    /// A broker's deduplication id for the job: its key and its payload's fingerprint, hashed (64
+    /// hex characters). A copy of the job within the broker's window is dropped; the same key with
+    /// another payload is not dropped silently (as an id of the key alone would be) but delivered,
+    /// and the effect ledger turns it into a key-conflict record with an alert. SQS FIFO and
+    /// QStash use it.
+    pub fn dedupe_id(&self) -> String {
+        payload_fingerprint(&serde_json::json!([self.key.as_str(), self.fingerprint()]))
+    }
+
     /// The payload's size in bytes as compact JSON, the figure checked against a backend's limit.
     pub fn payload_len(&self) -> usize {
         serde_json::to_vec(&self.payload).map_or(usize::MAX, |v| v.len())

@@ -153,20 +153,7 @@ async fn publish(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    shared.count_publish_request();
-    let dest = match destination(tail_after(uri.path(), 2), &uri) {
-        Ok(d) => d,
-        Err(r) => return r,
-    };
-    let spec = match spec_from(&headers) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    if let Err(r) = limits(&shared, 1) {
-        return r;
-    }
-    let acc = shared.accept(dest, None, spec, body, Some(peer.ip().to_string()));
-    ok_json(StatusCode::CREATED, acc.to_json())
+    accept_one(&shared, peer, &uri, 2, None, &headers, body)
 }
 
 async fn enqueue(
@@ -177,19 +164,33 @@ async fn enqueue(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    accept_one(&shared, peer, &uri, 3, Some(queue), &headers, body)
+}
+
+/// One message published to the destination after the path's first `segments` segments
+/// (`/v2/publish/…` or `/v2/enqueue/{queue}/…`), into `queue` if named.
+fn accept_one(
+    shared: &Arc<Shared>,
+    peer: SocketAddr,
+    uri: &Uri,
+    segments: usize,
+    queue: Option<String>,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
     shared.count_publish_request();
-    let dest = match destination(tail_after(uri.path(), 3), &uri) {
+    let dest = match destination(tail_after(uri.path(), segments), uri) {
         Ok(d) => d,
         Err(r) => return r,
     };
-    let spec = match spec_from(&headers) {
+    let spec = match spec_from(headers) {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = limits(&shared, 1) {
+    if let Err(r) = limits(shared, 1) {
         return r;
     }
-    let acc = shared.accept(dest, Some(queue), spec, body, Some(peer.ip().to_string()));
+    let acc = shared.accept(dest, queue, spec, body, Some(peer.ip().to_string()));
     ok_json(StatusCode::CREATED, acc.to_json())
 }
 

@@ -27,15 +27,6 @@ pub(super) fn carried_errors(attrs: Option<&HashMap<String, MessageAttributeValu
         .unwrap_or_default()
 }
 
-/// A FIFO message's deduplication id: the key and the payload's fingerprint, hashed (64 hex
-/// characters, within SQS's 128). SQS drops a copy with the same id for five minutes, so the same
-/// job enqueued twice runs once; the same key with another payload is not dropped silently (as
-/// a deduplication id of the key alone would), but delivered, and the worker's effect ledger
-/// turns it into a key-conflict record with an alert.
-pub(super) fn fifo_dedupe_id(job: &NewJob) -> String {
-    redrive_core::payload_fingerprint(&serde_json::json!([job.key.as_str(), job.fingerprint()]))
-}
-
 /// The bytes SQS counts for a message: the body, and each attribute's name, type and value.
 pub(super) fn message_size(body: &str, attrs: &HashMap<String, MessageAttributeValue>) -> usize {
     let attr = |(name, value): (&String, &MessageAttributeValue)| {

@@ -583,7 +583,7 @@ impl SqsBackend {
 impl Enqueue for SqsBackend {
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
         // FIFO: SQS drops a copy with the same key for five minutes.
-        let dedupe = fifo_dedupe_id(&job);
+        let dedupe = job.dedupe_id();
         Ok(Enqueued::Created(self.send(&job, dedupe, "send").await?))
     }
 
@@ -616,9 +616,8 @@ impl Enqueue for SqsBackend {
                         // Measured at each try: a job sent again after a backoff waits less.
                         .set_delay_seconds(self.send_delay(&jobs[i]));
                     if self.inner.source.fifo {
-                        entry = entry
-                            .message_group_id(jobs[i].key.as_str())
-                            .message_deduplication_id(fifo_dedupe_id(&jobs[i]));
+                        entry =
+                            entry.message_group_id(jobs[i].key.as_str()).message_deduplication_id(jobs[i].dedupe_id());
                     }
                     entry.build().expect("id and body are set")
                 });

@@ -147,25 +147,20 @@ pub(super) async fn sweep<Q: Claim + DeadLetter, L: Ledger>(
     shared: std::sync::Arc<Shared<Q, L>>,
     stop: CancellationToken,
 ) {
-    let mut looks_left = 0;
-    while !stop.is_cancelled() {
-        shared.sweep_once(&stop).await;
-        let wait = if looks_left > 0 {
-            looks_left -= 1;
-            HANDED_OFF_SWEEP.min(shared.config.alert_sweep)
-        } else {
-            shared.config.alert_sweep
-        };
+    shared.sweep_once(&stop).await;
+    let mut looks_left: u32 = 0;
+    loop {
+        let wait =
+            if looks_left > 0 { HANDED_OFF_SWEEP.min(shared.config.alert_sweep) } else { shared.config.alert_sweep };
         tokio::select! {
-            () = tokio::time::sleep(wait) => {}
+            () = tokio::time::sleep(wait) => looks_left = looks_left.saturating_sub(1),
+            // The service has only just been answered: look after a second, not at once.
             () = shared.handed_off.notified() => {
                 looks_left = HANDED_OFF_LOOKS;
-                tokio::select! {
-                    () = tokio::time::sleep(HANDED_OFF_SWEEP.min(shared.config.alert_sweep) / 4) => {}
-                    () = stop.cancelled() => return,
-                }
+                continue;
             }
             () = stop.cancelled() => return,
         }
+        shared.sweep_once(&stop).await;
     }
 }
