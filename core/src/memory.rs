@@ -27,6 +27,7 @@ pub struct MemoryBackend {
     state: Arc<Mutex<State>>,
     work: Arc<Notify>,
     max_payload: usize,
+    ledger_retention: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -37,6 +38,8 @@ struct State {
     next_record: u64,
     records: BTreeMap<u64, FailureRecord>,
     ledger: HashMap<IdempotencyKey, LedgerEntry>,
+    /// When the ledger was last swept of done keys past their retention.
+    ledger_swept: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -71,7 +74,7 @@ struct LedgerEntry {
 #[derive(Debug)]
 enum Effect {
     Pending { token: String, until: Instant },
-    Done(Value),
+    Done { result: Value, at: Instant },
 }
 
 impl Default for MemoryBackend {
@@ -89,9 +92,23 @@ impl MemoryBackend {
         Self::with_max_payload(Self::DEFAULT_MAX_PAYLOAD)
     }
 
+    /// How long a done key of the effect ledger answers unless set otherwise: 24 hours, as Stripe
+    /// keeps its idempotency keys.
+    pub const DEFAULT_LEDGER_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
     /// An empty backend refusing payloads over `bytes`.
     pub fn with_max_payload(bytes: usize) -> Self {
-        Self { state: Arc::default(), work: Arc::new(Notify::new()), max_payload: bytes }
+        let (work, ledger_retention) = (Arc::new(Notify::new()), Self::DEFAULT_LEDGER_RETENTION);
+        Self { state: Arc::default(), work, max_payload: bytes, ledger_retention }
+    }
+
+    /// Lets a done key of the effect ledger go `retention` after it was finished: a `begin` with
+    /// it then starts afresh, and its stored result is forgotten, so a long-running process keeps
+    /// a window of keys rather than all of them (what `prune_done` does for the databases). Set
+    /// it on the backend before cloning it.
+    pub fn with_ledger_retention(mut self, retention: Duration) -> Self {
+        self.ledger_retention = retention;
+        self
     }
 
     /// The payload limit in bytes.
@@ -111,7 +128,7 @@ impl MemoryBackend {
         let json = |v: &Value| v.to_string().contains(text);
         state.jobs.values().any(|j| json(&j.job.payload) || j.errors.iter().any(|e| e.error.contains(text)))
             || state.records.values().any(|r| json(&r.payload) || r.last_error.contains(text))
-            || state.ledger.values().any(|e| matches!(&e.state, Effect::Done(v) if json(v)))
+            || state.ledger.values().any(|e| matches!(&e.state, Effect::Done { result, .. } if json(result)))
     }
 
     /// The stored job behind a lease, if the lease is still its current one.
@@ -134,6 +151,23 @@ fn token() -> String {
 }
 
 impl State {
+    /// Forgets done ledger keys finished `retention` ago or more: `key` at once (so it never
+    /// answers late), all of them at most once per sixteenth of the retention (so a sweep's cost
+    /// is spread over many begins). Alert keys stay, as with Postgres's `prune_done`: while their
+    /// record is open, a forgotten one would page again.
+    fn expire_keys(&mut self, key: &IdempotencyKey, retention: Duration, now: Instant) {
+        let expired = |key: &IdempotencyKey, e: &LedgerEntry| {
+            matches!(e.state, Effect::Done { at, .. } if now.duration_since(at) >= retention)
+                && !key.as_str().starts_with("redrive_alert:")
+        };
+        if self.ledger_swept.is_none_or(|swept| now.duration_since(swept) >= retention / 16) {
+            self.ledger.retain(|key, e| !expired(key, e));
+            self.ledger_swept = Some(now);
+        } else if self.ledger.get(key).is_some_and(|e| expired(key, e)) {
+            self.ledger.remove(key);
+        }
+    }
+
     fn enqueue(&mut self, job: NewJob) -> Result<Enqueued> {
         let fingerprint = job.fingerprint();
         if let Some(&id) = self.by_key.get(&job.key) {
@@ -488,6 +522,7 @@ impl Ledger for MemoryBackend {
         let fingerprint = &crate::job::payload_fingerprint(payload);
         let now = Instant::now();
         let mut state = self.lock();
+        state.expire_keys(key, self.ledger_retention, now);
         let Some(entry) = state.ledger.get_mut(key) else {
             let token = token();
             let pending = Effect::Pending { token: token.clone(), until: now + hold };
@@ -499,7 +534,7 @@ impl Ledger for MemoryBackend {
             return Err(Error::new(ErrorKind::KeyConflict, format!("key {key} was used with a different payload")));
         }
         match &mut entry.state {
-            Effect::Done(result) => Ok(Begin::Done(result.clone())),
+            Effect::Done { result, .. } => Ok(Begin::Done(result.clone())),
             Effect::Pending { until, .. } if *until > now => Ok(Begin::Busy(*until - now)),
             Effect::Pending { token: held, until } => {
                 *held = token();
@@ -532,9 +567,9 @@ impl Ledger for MemoryBackend {
 
     async fn finish(&self, hold: &Hold, result: &Value) -> Result<()> {
         if let Some(entry) = self.lock().ledger.get_mut(&hold.key)
-            && !matches!(entry.state, Effect::Done(_))
+            && !matches!(entry.state, Effect::Done { .. })
         {
-            entry.state = Effect::Done(result.clone());
+            entry.state = Effect::Done { result: result.clone(), at: Instant::now() };
         }
         Ok(())
     }
@@ -634,6 +669,28 @@ mod tests {
         assert_eq!(b.extend_hold(&hold, LEASE).await.unwrap_err().kind(), ErrorKind::LeaseLost);
         b.finish(&again, &json!({"sent": true})).await.unwrap();
         assert_eq!(b.begin(&key, &f, pk, LEASE).await.unwrap(), Begin::Done(json!({"sent": true})));
+    }
+
+    #[tokio::test]
+    async fn the_ledger_lets_done_keys_go_after_its_retention() {
+        let retention = Duration::from_millis(200);
+        let b = MemoryBackend::new().with_ledger_retention(retention);
+        let (f, pk) = (json!({"n": 1}), ProviderKey::mint());
+        let key = |n: u32| job(n).key;
+        let alert = IdempotencyKey::builder("redrive_alert").fact("record", 1).fact("sink", 0).build().unwrap();
+        for key in [key(1), key(2), alert.clone()] {
+            let Begin::Fresh(hold) = b.begin(&key, &f, pk, LEASE).await.unwrap() else { panic!("fresh") };
+            b.finish(&hold, &json!({"answer": format!("answer-{key}")})).await.unwrap();
+        }
+        let finished = Instant::now();
+        assert!(matches!(b.begin(&key(1), &f, pk, LEASE).await.unwrap(), Begin::Done(_)), "kept within it");
+        tokio::time::sleep_until(finished + retention).await;
+        b.begin(&key(3), &f, pk, LEASE).await.unwrap();
+        let (first, second) = (format!("answer-{}", key(1)), format!("answer-{}", key(2)));
+        assert!(!b.holds_text(&first) && !b.holds_text(&second), "let go, asked for again or not");
+        assert!(matches!(b.begin(&key(1), &f, pk, LEASE).await.unwrap(), Begin::Fresh(_)), "a new effect after it");
+        assert!(matches!(b.begin(&alert, &f, pk, LEASE).await.unwrap(), Begin::Done(_)), "an alert key stays");
+        assert_eq!(MemoryBackend::new().ledger_retention, Duration::from_secs(24 * 3600), "Stripe's 24 hours");
     }
 
     #[tokio::test]
