@@ -53,8 +53,8 @@ async fn main() -> BoxResult<()> {
     let pg = PgBackend::connect(PgConfig::new(url).with_schema(schema).with_max_connections(4)).await?;
     pg.migrate().await?;
     let bare = serve(route()).await?;
-    let on_pg = serve(route().layer(Idempotency::new(pg.clone()))).await?;
-    let in_memory = serve(route().layer(Idempotency::new(redrive_core::MemoryBackend::new()))).await?;
+    let on_pg = serve(route().layer(Idempotency::new(pg.clone()).unscoped())).await?;
+    let in_memory = serve(route().layer(Idempotency::new(redrive_core::MemoryBackend::new()).unscoped())).await?;
     let client = reqwest::Client::new();
     run(&client, &bare, 200, None).await?; // warm-up: connections, caches
     run(&client, &on_pg, 200, Some("warm")).await?;

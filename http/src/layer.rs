@@ -1,21 +1,24 @@
 //! The layer and its service.
 
 use std::convert::Infallible;
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use backon::{ExponentialBuilder, Retryable};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use http_body::Frame;
 use redrive_core::{Begin, ErrorKind, Hold, IdempotencyKey, Ledger, ProviderKey};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tracing::{debug, warn};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, error, warn};
 
 /// The request header that carries the key.
 const KEY_HEADER: &str = "idempotency-key";
@@ -23,9 +26,40 @@ const KEY_HEADER: &str = "idempotency-key";
 const REPLAYED: &str = "idempotent-replayed";
 /// Set on a replay whose first body was too large to keep.
 const OMITTED: &str = "idempotent-body-omitted";
+/// The scope of requests without one, on an [unscoped](Idempotency::unscoped) layer.
+const SHARED_SCOPE: &str = "anonymous";
+
+/// Response headers [`Idempotency::keep_header`] refuses: credentials, which belong to the first
+/// client alone (a repeat may come from anyone who learned the key), and the message's framing,
+/// which the replay sets for its own body.
+const NEVER_KEPT: [&str; 13] = [
+    "set-cookie",
+    "set-cookie2",
+    "cookie",
+    "authorization",
+    "proxy-authorization",
+    "connection",
+    "content-length",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// How a failed `finish` (the answer stored) is tried again: from 100 ms, doubling to 5 s, for a
+/// minute, the key's hold renewed meanwhile.
+const FINISH_RETRY: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(100))
+    .with_max_delay(Duration::from_secs(5))
+    .with_jitter()
+    .without_max_times()
+    .with_total_delay(Some(Duration::from_secs(60)));
 
 /// The client a key belongs to, named by the application (its authentication) as a request
-/// extension before the layer runs: two clients' equal keys are then two keys.
+/// extension before the layer runs: two clients' equal keys are then two keys. A keyed request
+/// without one is refused unless the layer is [unscoped](Idempotency::unscoped).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyScope(pub String);
 
@@ -33,10 +67,13 @@ pub struct IdempotencyScope(pub String);
 pub struct Idempotency<L> {
     ledger: Arc<L>,
     required: bool,
+    unscoped: bool,
     hold: Duration,
     max_body: usize,
     max_stored: usize,
     kept_headers: Vec<HeaderName>,
+    /// A missing scope is logged once per layer, not once per request.
+    scope_missing: Arc<Once>,
 }
 
 impl<L> Clone for Idempotency<L> {
@@ -44,25 +81,39 @@ impl<L> Clone for Idempotency<L> {
         Self {
             ledger: Arc::clone(&self.ledger),
             required: self.required,
+            unscoped: self.unscoped,
             hold: self.hold,
             max_body: self.max_body,
             max_stored: self.max_stored,
             kept_headers: self.kept_headers.clone(),
+            scope_missing: Arc::clone(&self.scope_missing),
         }
     }
 }
 
 impl<L: Ledger + 'static> Idempotency<L> {
-    /// Keys on `ledger`; a request without a key passes through.
+    /// Keys on `ledger`; a request without a key passes through. A keyed request needs an
+    /// [`IdempotencyScope`] unless the layer is [unscoped](Self::unscoped).
     pub fn new(ledger: L) -> Self {
         Self {
             ledger: Arc::new(ledger),
             required: false,
+            unscoped: false,
             hold: Duration::from_secs(30),
             max_body: 1024 * 1024,
             max_stored: 64 * 1024,
             kept_headers: vec![header::CONTENT_TYPE, header::LOCATION],
+            scope_missing: Arc::new(Once::new()),
         }
+    }
+
+    /// Requests without an [`IdempotencyScope`] share one scope: for an API with one client (an
+    /// internal service, a single tenant). Without this, such a request is refused with `500`
+    /// (the server is misconfigured, not the client), because in one shared scope a client
+    /// sending another's key and body would get that client's stored answer.
+    pub fn unscoped(mut self) -> Self {
+        self.unscoped = true;
+        self
     }
 
     /// A `POST`, `PUT` or `PATCH` without a key is refused with `400`.
@@ -90,8 +141,23 @@ impl<L: Ledger + 'static> Idempotency<L> {
         self
     }
 
-    /// Also keeps this response header for repeats (`content-type` and `location` are kept).
+    /// Also keeps this response header for repeats (`content-type` and `location` are kept). A
+    /// value the handler marks [sensitive](HeaderValue::set_sensitive) is not kept.
+    ///
+    /// # Panics
+    ///
+    /// On a header that carries credentials (`set-cookie`, `set-cookie2`, `cookie`,
+    /// `authorization`, `proxy-authorization`) or the message's framing (`content-length`,
+    /// `transfer-encoding`, `connection` and the other hop-by-hop headers): a repeat may come
+    /// from anyone who learned the key, and the replay frames its own body. The name is a
+    /// constant of the program, so this is a mistake in it, caught where the layer is built
+    /// (like axum's `Router::route` on a conflicting path).
     pub fn keep_header(mut self, name: HeaderName) -> Self {
+        assert!(
+            !NEVER_KEPT.contains(&name.as_str()),
+            "Idempotency::keep_header({name}): this header is never kept for repeats (it carries the first \
+             client's credentials or the message's framing)"
+        );
         self.kept_headers.push(name);
         self
     }
@@ -122,7 +188,7 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 impl<S, L> tower_service::Service<Request<Body>> for IdempotencyService<S, L>
 where
     S: tower_service::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send,
+    S::Future: Send + 'static,
     L: Ledger + 'static,
 {
     type Response = Response<Body>;
@@ -168,28 +234,48 @@ fn key_of(value: &HeaderValue, scope: &str) -> Option<IdempotencyKey> {
     IdempotencyKey::builder("http").fact("client", scope).fact("key", text).build().ok()
 }
 
+/// The scope of `request`'s key: its [`IdempotencyScope`], the shared one on an unscoped layer,
+/// or `None`.
+fn scope_of<L>(config: &Idempotency<L>, request: &Request<Body>) -> Option<String> {
+    match request.extensions().get::<IdempotencyScope>() {
+        Some(IdempotencyScope(scope)) if !scope.is_empty() => Some(scope.clone()),
+        _ if config.unscoped => Some(SHARED_SCOPE.to_owned()),
+        _ => None,
+    }
+}
+
 async fn handle<S, L>(config: Arc<Idempotency<L>>, inner: S, request: Request<Body>) -> Response<Body>
 where
-    S: tower_service::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send,
-    S::Future: Send,
-    L: Ledger,
+    S: tower_service::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+    L: Ledger + 'static,
 {
     let mut inner = inner;
     if matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS | Method::DELETE) {
         return run(&mut inner, request).await;
     }
-    let scope = request.extensions().get::<IdempotencyScope>().map_or("anonymous", |s| s.0.as_str()).to_owned();
-    let key = match request.headers().get(KEY_HEADER) {
+    let value = match request.headers().get(KEY_HEADER) {
         None if config.required => {
             return plain(StatusCode::BAD_REQUEST, "this endpoint needs an Idempotency-Key header");
         }
         None => return run(&mut inner, request).await,
-        Some(value) => match key_of(value, &scope) {
-            Some(key) => key,
-            None => {
-                return plain(StatusCode::BAD_REQUEST, "the Idempotency-Key must be 1 to 255 visible ASCII characters");
-            }
-        },
+        Some(value) => value,
+    };
+    let Some(scope) = scope_of(&config, &request) else {
+        config.scope_missing.call_once(|| {
+            error!(
+                "a request with an Idempotency-Key reached the Idempotency layer without an IdempotencyScope; such \
+                 requests are refused with 500. Put the client's IdempotencyScope in the request's extensions \
+                 before the layer (from the authentication), or make the layer unscoped() if the API has one client"
+            );
+        });
+        return plain(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the server does not scope Idempotency-Keys by client (no IdempotencyScope)",
+        );
+    };
+    let Some(key) = key_of(value, &scope) else {
+        return plain(StatusCode::BAD_REQUEST, "the Idempotency-Key must be 1 to 255 visible ASCII characters");
     };
     let (parts, body) = request.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, config.max_body).await else {
@@ -226,26 +312,15 @@ where
             return response;
         }
     };
+    // The request's future is dropped when its client leaves (a timeout): the first run is a task
+    // of its own, so the handler's effect is never cut from its stored answer.
     let request = Request::from_parts(parts, Body::from(bytes));
-    let response = {
-        let running = run(&mut inner, request);
-        tokio::pin!(running);
-        // The first renewal a third of the hold from now (a tick due now would wait for the
-        // timer's next millisecond).
-        let every = config.hold / 3;
-        let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        loop {
-            tokio::select! {
-                response = &mut running => break response,
-                _ = renew.tick() => {
-                    if let Err(e) = config.ledger.extend_hold(&hold, config.hold).await {
-                        debug!(key = %key, error = %e, "could not renew the key's hold");
-                    }
-                }
-            }
-        }
-    };
-    store(&config, &key, &hold, response).await
+    let (answer, answered) = oneshot::channel();
+    tokio::spawn(first_run(Arc::clone(&config), inner, request, key.clone(), hold, answer));
+    answered.await.unwrap_or_else(|_| {
+        warn!(key = %key, "the handler panicked; its key is held until the hold lapses");
+        plain(StatusCode::INTERNAL_SERVER_ERROR, "the request failed")
+    })
 }
 
 async fn run<S>(inner: &mut S, request: Request<Body>) -> Response<Body>
@@ -258,37 +333,111 @@ where
     }
 }
 
-/// Keeps `response` for repeats, and sends it on.
-async fn store<L: Ledger>(
-    config: &Idempotency<L>,
-    key: &IdempotencyKey,
-    hold: &Hold,
-    response: Response<Body>,
-) -> Response<Body> {
-    let (parts, body) = response.into_parts();
-    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            // The handler's body failed midway: nothing to keep, and the client sees the error.
-            warn!(key = %key, error = %e, "the response body failed; the key is released");
-            let _ = config.ledger.release_hold(hold).await;
-            return plain(StatusCode::INTERNAL_SERVER_ERROR, "the response failed");
+/// The first request with a key, run to its end whatever its client does: the handler, its
+/// body, its stored answer, with the key's hold renewed throughout. The client gets the response
+/// as the body comes; its body ends only once the answer is stored, so a client that has read it
+/// whole finds it stored.
+async fn first_run<S, L>(
+    config: Arc<Idempotency<L>>,
+    mut inner: S,
+    request: Request<Body>,
+    key: IdempotencyKey,
+    hold: Hold,
+    answer: oneshot::Sender<Response<Body>>,
+) where
+    S: tower_service::Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    L: Ledger,
+{
+    let work = async {
+        let (parts, mut body) = run(&mut inner, request).await.into_parts();
+        let (status, headers) = (parts.status.as_u16(), kept(&parts.headers, &config.kept_headers));
+        // No size hint: hyper would end a sized response at its last byte, before it is stored.
+        let (frames, forwarded) = mpsc::channel(16);
+        let response = Response::from_parts(parts, Body::new(Forwarded(forwarded)));
+        let mut client = answer.send(response).is_ok().then_some(frames);
+        let mut stored_body = Some(Vec::new());
+        while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+            let frame = match frame {
+                Ok(frame) => frame,
+                Err(e) => {
+                    // The handler's body failed midway: nothing to keep, and the client sees it.
+                    warn!(key = %key, error = %e, "the response body failed; the key is released");
+                    let _ = config.ledger.release_hold(&hold).await;
+                    if let Some(client) = client {
+                        let _ = client.send(Err(e)).await;
+                    }
+                    return;
+                }
+            };
+            if let Some(data) = frame.data_ref() {
+                stored_body = stored_body.filter(|kept| kept.len() + data.len() <= config.max_stored);
+                if let Some(kept) = &mut stored_body {
+                    kept.extend_from_slice(data);
+                }
+            }
+            if let Some(to) = &client
+                && to.send(Ok(frame)).await.is_err()
+            {
+                client = None; // it left: the body is still read to its end and stored
+            }
         }
+        let body = stored_body.map(|kept| STANDARD.encode(kept));
+        store(&config, &key, &hold, &Stored { status, headers, body }).await;
     };
-    let headers = kept(&parts.headers, &config.kept_headers);
-    let body = (bytes.len() <= config.max_stored).then(|| STANDARD.encode(&bytes));
-    let stored = Stored { status: parts.status.as_u16(), headers, body };
-    let value = serde_json::to_value(&stored).unwrap_or_default();
-    if let Err(e) = config.ledger.finish(hold, &value).await {
-        warn!(key = %key, error = %e, "the response could not be stored; a repeat will run again once the hold lapses");
+    tokio::select! {
+        () = work => {}
+        never = keep_holding(&config, &hold, &key) => match never {},
     }
-    Response::from_parts(parts, Body::from(bytes))
+}
+
+/// Renews the key's hold every third of it, for as long as it is awaited.
+async fn keep_holding<L: Ledger>(config: &Idempotency<L>, hold: &Hold, key: &IdempotencyKey) -> Infallible {
+    let every = (config.hold / 3).max(Duration::from_millis(1));
+    // The first renewal a third of the hold from now (a tick due now would wait for the timer's
+    // next millisecond).
+    let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        renew.tick().await;
+        match config.ledger.extend_hold(hold, config.hold).await {
+            Err(e) if e.kind() == ErrorKind::LeaseLost => {
+                warn!(key = %key, "the key's hold lapsed while its first request ran: a repeat may run it too");
+            }
+            Err(e) => debug!(key = %key, error = %e, "could not renew the key's hold"),
+            Ok(()) => {}
+        }
+    }
+}
+
+/// Keeps the answer for repeats, trying a temporary failure again while the hold is renewed.
+async fn store<L: Ledger>(config: &Idempotency<L>, key: &IdempotencyKey, hold: &Hold, stored: &Stored) {
+    let value = serde_json::to_value(stored).unwrap_or_default();
+    let finished = (|| config.ledger.finish(hold, &value))
+        .retry(FINISH_RETRY)
+        .when(redrive_core::Error::is_temporary)
+        .notify(|e, after| debug!(key = %key, error = %e, ?after, "the answer could not be stored yet"))
+        .await;
+    if let Err(e) = finished {
+        error!(key = %key, error = %e, "the answer could not be stored; a repeat runs again once the hold lapses");
+    }
+}
+
+/// The first response's body on its way to the client, fed by [`first_run`].
+struct Forwarded(mpsc::Receiver<Result<Frame<Bytes>, axum::Error>>);
+
+impl HttpBody for Forwarded {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        self.0.poll_recv(cx)
+    }
 }
 
 fn kept(headers: &HeaderMap, names: &[HeaderName]) -> Vec<(String, String)> {
     names
         .iter()
         .flat_map(|name| headers.get_all(name).iter().map(move |v| (name, v)))
+        .filter(|(_, v)| !v.is_sensitive())
         .filter_map(|(name, v)| Some((name.as_str().to_owned(), v.to_str().ok()?.to_owned())))
         .collect()
 }

@@ -1,17 +1,22 @@
-//! The layer in an axum app on a real listener, with reqwest, on PostgreSQL's effect ledger.
+//! The layer in an axum app on a real listener, with reqwest, on PostgreSQL's effect ledger
+//! (and SQLite's and the memory backend's).
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use redrive_core::{Begin, Hold, IdempotencyKey, Ledger, MemoryBackend, ProviderKey};
 use redrive_http::{Idempotency, IdempotencyScope};
 use redrive_postgres::{PgBackend, PgConfig};
+use serde_json::Value;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -26,14 +31,17 @@ async fn database() -> PgBackend {
     backend
 }
 
-/// Charges made, as the provider would count them.
+/// Charges made, as the provider would count them, and the chunks of streamed answers sent.
 #[derive(Default)]
-struct Charges(AtomicU32);
+struct Charges {
+    made: AtomicU32,
+    chunks_sent: AtomicU32,
+}
 
-/// Charges `amount`; a negative amount is declined (402); `slow` takes 600 ms; `big` answers
-/// 100 KiB.
+/// Charges `amount`; a negative amount is declined (402); `slow` takes 600 ms after the charge;
+/// `big` answers 100 KiB.
 async fn charge(State(charges): State<Arc<Charges>>, body: String) -> Response {
-    let n = charges.0.fetch_add(1, Ordering::SeqCst) + 1;
+    let n = charges.made.fetch_add(1, Ordering::SeqCst) + 1;
     if body.contains("slow") {
         tokio::time::sleep(Duration::from_millis(600)).await;
     }
@@ -57,21 +65,51 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
     next.run(request).await
 }
 
-async fn serve<L: redrive_core::Ledger + 'static>(ledger: L, charges: Arc<Charges>) -> String {
+/// Charges once, then answers eight chunks 100 ms apart (800 ms in all), counting them.
+async fn charge_streamed(State(charges): State<Arc<Charges>>) -> Response {
+    charges.made.fetch_add(1, Ordering::SeqCst);
+    let chunks = futures_util::stream::unfold(0, move |i| {
+        let charges = Arc::clone(&charges);
+        async move {
+            if i == 8 {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            charges.chunks_sent.fetch_add(1, Ordering::SeqCst);
+            Some((Ok::<_, Infallible>(format!("chunk {i}\n")), i + 1))
+        }
+    });
+    (StatusCode::CREATED, Body::from_stream(chunks)).into_response()
+}
+
+/// The application on `layer`, on a listener of its own; its base URL.
+async fn serve_with<L: Ledger + 'static>(layer: Idempotency<L>, charges: Arc<Charges>) -> String {
     let app = Router::new()
         .route("/charges", post(charge).get(|| async { "list" }))
-        .layer(Idempotency::new(ledger).required().hold(Duration::from_secs(5)))
+        .route("/streamed", post(charge_streamed))
+        .layer(layer)
         .layer(middleware::from_fn(authenticate))
         .with_state(charges);
+    listen(app).await
+}
+
+async fn listen(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
     url
 }
 
+async fn serve<L: Ledger + 'static>(ledger: L, charges: Arc<Charges>) -> String {
+    serve_with(Idempotency::new(ledger).required().hold(Duration::from_secs(5)), charges).await
+}
+
 async fn post_charge(url: &str, key: Option<&str>, body: &str, client: &str) -> (StatusCode, HeaderMap, String) {
-    let mut request =
-        reqwest::Client::new().post(format!("{url}/charges")).header("x-client", client).body(body.to_owned());
+    post_to(&format!("{url}/charges"), key, body, client).await
+}
+
+async fn post_to(url: &str, key: Option<&str>, body: &str, client: &str) -> (StatusCode, HeaderMap, String) {
+    let mut request = reqwest::Client::new().post(url).header("x-client", client).body(body.to_owned());
     if let Some(key) = key {
         request = request.header("Idempotency-Key", key);
     }
@@ -81,7 +119,16 @@ async fn post_charge(url: &str, key: Option<&str>, body: &str, client: &str) -> 
 }
 
 fn made(charges: &Charges) -> u32 {
-    charges.0.load(Ordering::SeqCst)
+    charges.made.load(Ordering::SeqCst)
+}
+
+/// Waits (10 s at most) until `done` holds.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,7 +226,8 @@ async fn on_sqlite_and_in_memory_too() {
         .unwrap();
     let charges = Arc::new(Charges::default());
     let on_sqlite = serve(sqlite.clone(), Arc::clone(&charges)).await;
-    let in_memory = serve(redrive_core::MemoryBackend::new(), Arc::clone(&charges)).await;
+    let memory = MemoryBackend::new().with_ledger_retention(Duration::from_secs(1));
+    let in_memory = serve(memory, Arc::clone(&charges)).await;
     for url in [&on_sqlite, &in_memory] {
         for _ in 0..2 {
             let (status, _, _) = post_charge(url, Some("k-1"), r#"{"amount":5}"#, "acme").await;
@@ -187,9 +235,205 @@ async fn on_sqlite_and_in_memory_too() {
         }
     }
     assert_eq!(made(&charges), 2, "once on each ledger");
-    // SQLite's prune lets the key go too.
+    // SQLite's prune lets the key go too, and the memory ledger's retention (24 h unless set).
     tokio::time::sleep(Duration::from_millis(1100)).await;
     sqlite.prune_done(Duration::from_secs(1)).await.unwrap();
-    post_charge(&on_sqlite, Some("k-1"), r#"{"amount":5}"#, "acme").await;
-    assert_eq!(made(&charges), 3);
+    for url in [&on_sqlite, &in_memory] {
+        let (status, headers, _) = post_charge(url, Some("k-1"), r#"{"amount":5}"#, "acme").await;
+        assert!(status == StatusCode::CREATED && !headers.contains_key("idempotent-replayed"), "run again");
+    }
+    assert_eq!(made(&charges), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_times_out_and_retries_is_charged_once() {
+    let (ledger, charges) = (database().await, Arc::new(Charges::default()));
+    let url = serve(ledger, Arc::clone(&charges)).await;
+    let body = r#"{"amount":5,"slow":true}"#;
+
+    // The client gives up after 200 ms and closes its connection; the charge is made by then, its
+    // answer comes 600 ms later.
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(200)).build().unwrap();
+    let first = impatient
+        .post(format!("{url}/charges"))
+        .header("x-client", "acme")
+        .header("Idempotency-Key", "k-timeout")
+        .body(body)
+        .send()
+        .await;
+    assert!(first.unwrap_err().is_timeout());
+    assert_eq!(made(&charges), 1);
+
+    // It retries with its key until it is no longer told to wait.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (status, headers, answer) = loop {
+        let answer = post_charge(&url, Some("k-timeout"), body, "acme").await;
+        if answer.0 != StatusCode::CONFLICT {
+            break answer;
+        }
+        assert!(answer.1.contains_key(header::RETRY_AFTER));
+        assert!(Instant::now() < deadline, "still 409 after 15 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(made(&charges), 1, "charged once");
+    assert_eq!((status, answer.as_str()), (StatusCode::CREATED, r#"{"charge":1}"#), "the first request's answer");
+    assert_eq!(headers["idempotent-replayed"], "true");
+}
+
+/// Echoes the caller's bearer token: an answer meant for its client alone.
+async fn charge_echoing_the_token(State(charges): State<Arc<Charges>>, headers: HeaderMap) -> String {
+    charges.made.fetch_add(1, Ordering::SeqCst);
+    let token = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    format!("charged for {token}")
+}
+
+async fn post_with_token(url: &str, token: &str) -> (StatusCode, String) {
+    let response = reqwest::Client::new()
+        .post(format!("{url}/charges"))
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .header("Idempotency-Key", "k-1")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    (response.status(), response.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_without_a_scope_refuses_keyed_requests_rather_than_share_answers_between_clients() {
+    let charges = Arc::new(Charges::default());
+    // The application forgot to name the client: no authentication puts an IdempotencyScope.
+    let app = Router::new()
+        .route("/charges", post(charge_echoing_the_token))
+        .layer(Idempotency::new(MemoryBackend::new()).required())
+        .with_state(Arc::clone(&charges));
+    let url = listen(app).await;
+    let acme = post_with_token(&url, "token-of-acme").await;
+    let globex = post_with_token(&url, "token-of-globex").await;
+    assert!(!globex.1.contains("token-of-acme"), "another client's answer leaked: {}", globex.1);
+    assert_eq!(
+        (acme.0, globex.0),
+        (StatusCode::INTERNAL_SERVER_ERROR, StatusCode::INTERNAL_SERVER_ERROR),
+        "a misconfigured server"
+    );
+    assert!(acme.1.contains("IdempotencyScope"), "the error names the fix: {}", acme.1);
+    assert_eq!(made(&charges), 0, "nothing ran");
+    // A request without a key is no concern of the layer's.
+    let unkeyed = reqwest::Client::new().post(format!("{url}/charges")).send().await.unwrap();
+    assert_eq!(unkeyed.status(), StatusCode::BAD_REQUEST, "the key is required");
+
+    // An API with one client says so: its requests share one scope.
+    let app = Router::new()
+        .route("/charges", post(charge_echoing_the_token))
+        .layer(Idempotency::new(MemoryBackend::new()).required().unscoped())
+        .with_state(Arc::clone(&charges));
+    let url = listen(app).await;
+    assert_eq!(
+        post_with_token(&url, "token-of-acme").await,
+        (StatusCode::OK, "charged for Bearer token-of-acme".into())
+    );
+    assert_eq!(made(&charges), 1);
+}
+
+#[test]
+fn keep_header_refuses_credentials_and_framing() {
+    for name in [
+        header::SET_COOKIE,
+        header::COOKIE,
+        header::AUTHORIZATION,
+        header::PROXY_AUTHORIZATION,
+        header::HeaderName::from_static("set-cookie2"),
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+    ] {
+        let keep = std::panic::catch_unwind(|| Idempotency::new(MemoryBackend::new()).keep_header(name.clone()));
+        assert!(keep.is_err(), "keep_header({name}) was accepted");
+    }
+    // A header that says nothing about the client is kept.
+    let _ = Idempotency::new(MemoryBackend::new()).keep_header(header::ETAG);
+}
+
+/// A real ledger whose first `failures` finishes fail for a temporary reason.
+#[derive(Clone)]
+struct FinishFails {
+    ledger: MemoryBackend,
+    failures: u32,
+    finishes: Arc<AtomicU32>,
+}
+
+impl Ledger for FinishFails {
+    async fn begin(
+        &self,
+        key: &IdempotencyKey,
+        payload: &Value,
+        provider_key: ProviderKey,
+        hold: Duration,
+    ) -> redrive_core::Result<Begin> {
+        self.ledger.begin(key, payload, provider_key, hold).await
+    }
+
+    async fn extend_hold(&self, hold: &Hold, by: Duration) -> redrive_core::Result<()> {
+        self.ledger.extend_hold(hold, by).await
+    }
+
+    async fn release_hold(&self, hold: &Hold) -> redrive_core::Result<()> {
+        self.ledger.release_hold(hold).await
+    }
+
+    async fn finish(&self, hold: &Hold, result: &Value) -> redrive_core::Result<()> {
+        if self.finishes.fetch_add(1, Ordering::SeqCst) < self.failures {
+            return Err(redrive_core::Error::temporary("the database is busy"));
+        }
+        self.ledger.finish(hold, result).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_finish_is_retried_while_the_key_stays_held() {
+    let charges = Arc::new(Charges::default());
+    let finishes = Arc::new(AtomicU32::new(0));
+    let ledger = FinishFails { ledger: MemoryBackend::new(), failures: 4, finishes: Arc::clone(&finishes) };
+    let layer = Idempotency::new(ledger).required().hold(Duration::from_millis(300));
+    let url = serve_with(layer, Arc::clone(&charges)).await;
+
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { post_charge(&url, Some("k-store"), r#"{"amount":5}"#, "acme").await }
+    });
+    // Four finishes failed: their backoff has outlasted the 300 ms hold.
+    until("the fourth finish", || finishes.load(Ordering::SeqCst) >= 4).await;
+    let (status, _, _) = post_charge(&url, Some("k-store"), r#"{"amount":5}"#, "acme").await;
+    assert_eq!(status, StatusCode::CONFLICT, "the key is still held while its answer is being stored");
+
+    let (status, _, body) = first.await.unwrap();
+    assert_eq!((status, body.as_str()), (StatusCode::CREATED, r#"{"charge":1}"#));
+    let (status, headers, body) = post_charge(&url, Some("k-store"), r#"{"amount":5}"#, "acme").await;
+    assert_eq!((status, body.as_str()), (StatusCode::CREATED, r#"{"charge":1}"#), "the stored answer");
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!((made(&charges), finishes.load(Ordering::SeqCst)), (1, 5), "charged once, stored at the fifth try");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_stays_held_while_a_slow_body_streams() {
+    let (ledger, charges) = (database().await, Arc::new(Charges::default()));
+    let layer = Idempotency::new(ledger).required().hold(Duration::from_millis(300));
+    let url = format!("{}/streamed", serve_with(layer, Arc::clone(&charges)).await);
+
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { post_to(&url, Some("k-stream"), "{}", "acme").await }
+    });
+    // Five chunks sent: the body has streamed for 500 ms, past the 300 ms hold.
+    until("the fifth chunk", || charges.chunks_sent.load(Ordering::SeqCst) >= 5).await;
+    let (status, _, _) = post_to(&url, Some("k-stream"), "{}", "acme").await;
+    assert_eq!(status, StatusCode::CONFLICT, "the key is still held while the body streams");
+
+    let whole: String = (0..8).map(|i| format!("chunk {i}\n")).collect();
+    let (status, _, body) = first.await.unwrap();
+    assert_eq!((status, body.as_str()), (StatusCode::CREATED, whole.as_str()));
+    let (status, headers, body) = post_to(&url, Some("k-stream"), "{}", "acme").await;
+    assert_eq!((status, body.as_str()), (StatusCode::CREATED, whole.as_str()), "the stored answer");
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(made(&charges), 1, "charged once");
 }
