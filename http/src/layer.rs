@@ -364,7 +364,7 @@ async fn first_run<S, L>(
                     warn!(key = %key, error = %e, "the response body failed; the key is released");
                     let _ = config.ledger.release_hold(&hold).await;
                     if let Some(client) = client {
-                        let _ = client.send(Err(e)).await;
+                        let _ = client.send(Some(Err(e))).await;
                     }
                     return;
                 }
@@ -376,13 +376,16 @@ async fn first_run<S, L>(
                 }
             }
             if let Some(to) = &client
-                && to.send(Ok(frame)).await.is_err()
+                && to.send(Some(Ok(frame))).await.is_err()
             {
                 client = None; // it left: the body is still read to its end and stored
             }
         }
         let body = stored_body.map(|kept| STANDARD.encode(kept));
         store(&config, &key, &hold, &Stored { status, headers, body }).await;
+        if let Some(to) = client {
+            let _ = to.send(None).await;
+        }
     };
     tokio::select! {
         () = work => {}
@@ -421,15 +424,17 @@ async fn store<L: Ledger>(config: &Idempotency<L>, key: &IdempotencyKey, hold: &
     }
 }
 
-/// The first response's body on its way to the client, fed by [`first_run`].
-struct Forwarded(mpsc::Receiver<Result<Frame<Bytes>, axum::Error>>);
+/// The first response's body on its way to the client, fed by [`first_run`]: its frames, then
+/// `None` once the answer is stored. A run that stops without it (its handler panicked) is an
+/// error, not the end of a body cut short.
+struct Forwarded(mpsc::Receiver<Option<Result<Frame<Bytes>, axum::Error>>>);
 
 impl HttpBody for Forwarded {
     type Data = Bytes;
     type Error = axum::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        self.0.poll_recv(cx)
+        self.0.poll_recv(cx).map(|frame| frame.unwrap_or_else(|| Some(Err(axum::Error::new("the handler panicked")))))
     }
 }
 

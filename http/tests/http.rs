@@ -82,11 +82,23 @@ async fn charge_streamed(State(charges): State<Arc<Charges>>) -> Response {
     (StatusCode::CREATED, Body::from_stream(chunks)).into_response()
 }
 
+/// Panics before it answers (`early`) or after the first chunk of its body.
+async fn charge_and_panic(State(charges): State<Arc<Charges>>, body: String) -> Response {
+    charges.made.fetch_add(1, Ordering::SeqCst);
+    assert!(!body.contains("early"), "the handler panics before it answers");
+    let chunks = futures_util::stream::unfold(0, |i| async move {
+        assert!(i == 0, "the handler's body panics after its first chunk");
+        Some((Ok::<_, Infallible>("the first chunk"), i + 1))
+    });
+    (StatusCode::CREATED, Body::from_stream(chunks)).into_response()
+}
+
 /// The application on `layer`, on a listener of its own; its base URL.
 async fn serve_with<L: Ledger + 'static>(layer: Idempotency<L>, charges: Arc<Charges>) -> String {
     let app = Router::new()
         .route("/charges", post(charge).get(|| async { "list" }))
         .route("/streamed", post(charge_streamed))
+        .route("/panics", post(charge_and_panic))
         .layer(layer)
         .layer(middleware::from_fn(authenticate))
         .with_state(charges);
@@ -436,4 +448,20 @@ async fn the_key_stays_held_while_a_slow_body_streams() {
     assert_eq!((status, body.as_str()), (StatusCode::CREATED, whole.as_str()), "the stored answer");
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(made(&charges), 1, "charged once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_is_an_error_not_an_answer_cut_short() {
+    let charges = Arc::new(Charges::default());
+    let url = format!("{}/panics", serve(MemoryBackend::new(), Arc::clone(&charges)).await);
+    let (status, _, _) = post_to(&url, Some("k-early"), "early", "acme").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+
+    let late = async {
+        let request = reqwest::Client::new().post(&url).header("x-client", "acme").header("Idempotency-Key", "k-late");
+        request.body("late").send().await?.text().await
+    };
+    let late = late.await;
+    assert!(late.is_err(), "the response fails rather than end after its first chunk: {late:?}");
+    assert_eq!(made(&charges), 2);
 }
