@@ -123,7 +123,8 @@ impl<L: Ledger + 'static> Idempotency<L> {
     }
 
     /// How long a first request holds its key without answering before a repeat may run it
-    /// again (it is renewed while the request runs, so only a dead process lets it lapse).
+    /// again (30 s). It is renewed every third of it while the handler runs, its body streams
+    /// and its answer is stored, so only a dead process lets it lapse.
     pub fn hold(mut self, hold: Duration) -> Self {
         self.hold = hold;
         self
