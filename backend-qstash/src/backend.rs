@@ -711,10 +711,20 @@ impl Broker for QStashBackend {
             Cursor::Start => None,
             Cursor::At(cursor) => Some(cursor),
         };
-        let (entries, next) = self.dlq_page(cursor.as_deref()).await?;
-        if !entries.is_empty() || next.is_some() {
-            *lock(&self.inner.cursor) = next.map_or(Cursor::End, Cursor::At);
-        }
+        let mut cursor = cursor;
+        let entries = loop {
+            let (entries, next) = self.dlq_page(cursor.as_deref()).await?;
+            match next {
+                // A page of other destinations' entries only (a filter QStash did not apply).
+                Some(next) if entries.is_empty() => cursor = Some(next),
+                next => {
+                    if !entries.is_empty() {
+                        *lock(&self.inner.cursor) = next.map_or(Cursor::End, Cursor::At);
+                    }
+                    break entries;
+                }
+            }
+        };
         Ok(entries.iter().map(|e| Drained { record: dead::record_of(e), receipt: e.dlq_id.clone() }).collect())
     }
 
@@ -746,18 +756,24 @@ impl Broker for QStashBackend {
     /// retention) is published anew from the record; so is one whose retry QStash answers as
     /// deduplicated (the message's deduplication id still in its window: nothing was sent).
     async fn send_replay(&self, job: &NewJob, record: &FailureId) -> Result<JobId> {
-        if self.entry_of(record).await?.is_none() {
+        let Some(entry) = self.entry_of(record).await? else {
             info!(record = %record, key = %job.key, "the DLQ entry is gone; the replay publishes the job from its record");
             return self.republish(job, record).await;
-        }
-        // The entry carries its last copy's attempts, history and retries: a replay starts over.
+        };
+        // The entry carries its last copy's attempts, history and retries: a replay starts over,
+        // the job's id kept, sealed to the entry's body.
+        let job_id = Carried::read(|name| dead::lookup(&entry.header, name)).job_id.unwrap_or(entry.message_id.clone());
+        let carried = [job_id, "0".to_owned(), String::new(), String::new()];
+        let seal = self.inner.seal.sign(&carried, dead::text(&entry.body, &entry.body_base64).as_bytes());
+        let [job_id, spent, errors, unclaimed] = carried;
         let forward = |name: &str| format!("Upstash-Forward-{name}");
         let fresh = vec![
             ("Upstash-Retries".to_owned(), job.cap.saturating_sub(1).to_string()),
-            (forward(SPENT), "0".to_owned()),
-            (forward(ERRORS), String::new()),
-            (forward(UNCLAIMED), String::new()),
-            (forward(SEAL), String::new()),
+            (forward(JOB_ID), job_id),
+            (forward(SPENT), spent),
+            (forward(ERRORS), errors),
+            (forward(UNCLAIMED), unclaimed),
+            (forward(SEAL), seal),
             (forward(COPIED_AT), Utc::now().timestamp_millis().to_string()),
         ];
         match self.inner.api.dlq_retry(&record.0, fresh).await {

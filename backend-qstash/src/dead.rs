@@ -118,11 +118,11 @@ fn millis(text: &str) -> Option<DateTime<Utc>> {
     Utc.timestamp_millis_opt(text.trim().parse().ok()?).single()
 }
 
-fn lookup(map: &Option<HashMap<String, Vec<String>>>, name: &str) -> Option<String> {
+pub(crate) fn lookup(map: &Option<HashMap<String, Vec<String>>>, name: &str) -> Option<String> {
     map.as_ref()?.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).and_then(|(_, v)| v.first().cloned())
 }
 
-fn text(plain: &Option<String>, base64: &Option<String>) -> String {
+pub(crate) fn text(plain: &Option<String>, base64: &Option<String>) -> String {
     match (plain, base64) {
         (Some(text), _) if !text.is_empty() => text.clone(),
         (_, Some(encoded)) => {

@@ -27,7 +27,7 @@ impl QStashBackend {
     ///
     /// A delivery without a valid `Upstash-Signature` gets 401 before its body is read, as does
     /// one whose token was accepted before (a captured delivery sent again); one whose body is
-    /// over the plan's message size 413; past the park bound ([`QStashConfig::with_max_parked`])
+    /// over the plan's message size 413; past the park bound ([`QStashConfig::with_max_parked`](crate::QStashConfig::with_max_parked))
     /// 503 with `Retry-After`. None reaches a handler. A verified delivery waits for a worker of
     /// this process and gets its verdict: 2xx done (or handed on as a copy), 500 with
     /// `Retry-After` to retry, 489 with `Upstash-NonRetryable-Error: true` to dead-letter.

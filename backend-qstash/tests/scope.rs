@@ -98,7 +98,7 @@ async fn two_destinations_on_one_account_each_see_only_their_own_records() {
     staging.backend.purge(Duration::ZERO).await.unwrap();
     let left: Vec<String> =
         emulator.dlq_entries().iter().map(|e| e["url"].as_str().unwrap_or_default().to_owned()).collect();
-    assert_eq!(left, [production.destination.clone()], "production's entry is still in the DLQ");
+    assert_eq!(left, std::slice::from_ref(&production.destination), "production's entry is still in the DLQ");
     let theirs_after = open(&production.backend).await;
     assert_eq!(theirs_after.iter().map(|r| &r.id).collect::<Vec<_>>(), [other], "and still production's record");
 }
