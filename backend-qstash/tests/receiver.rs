@@ -494,3 +494,48 @@ async fn a_kind_no_worker_handles_becomes_a_record_after_its_unclaimed_rounds() 
     let rounds = rig.emulator.deliveries().len();
     assert!(rounds <= 21, "bounded: {rounds} deliveries (20 unclaimed rounds by default)");
 }
+
+#[tokio::test]
+async fn a_delivery_refused_past_the_park_bound_is_not_charged_an_attempt() {
+    let rig = common::rig_with(common::emulator().signing_keys(CURRENT, NEXT), |c| {
+        c.with_signing_keys(CURRENT, NEXT).with_max_parked(1)
+    })
+    .await;
+    let url = rig.destination.clone();
+    let send = |body: String, message_id: &'static str, retried: &'static str| {
+        let signature = sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 0));
+        reqwest::Client::new()
+            .post(&url)
+            .header("Upstash-Message-Id", message_id)
+            .header("Upstash-Retried", retried)
+            .header("Upstash-Signature", signature)
+            .body(body)
+            .send()
+    };
+    // No worker yet: the first delivery holds the one place, the second is refused.
+    let first = tokio::spawn(send(envelope(), "msg_holding", "0"));
+    let (backend, start) = (rig.backend.clone(), tokio::time::Instant::now());
+    while backend.counts().await.unwrap().queued == 0 && start.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let other = redrive_core::Envelope::new(&NewJob::from_job(&Grant { account: 9 }).unwrap()).encode();
+    let refused = send(other.clone(), "msg_refused_once", "0").await.unwrap();
+    assert_eq!(refused.status().as_u16(), 503);
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = attempts.clone();
+    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
+        .handle::<Grant>(move |job: Grant, ctx: JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push((job.account, ctx.attempt));
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .start();
+    assert_eq!(first.await.unwrap().unwrap().status().as_u16(), 200);
+    // QStash's retry of the refused message: its first attempt still, no worker having started it.
+    assert_eq!(send(other, "msg_refused_once", "1").await.unwrap().status().as_u16(), 200);
+    worker.shutdown().await;
+    assert_eq!(*attempts.lock().unwrap(), [(7, 1), (9, 1)]);
+}

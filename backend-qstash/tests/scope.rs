@@ -70,14 +70,9 @@ async fn two_destinations_on_one_account_each_see_only_their_own_records() {
     let production = common::rig_on(emulator.clone(), |c| c).await;
     let (staging_worker, _) = worker(&staging, u32::MAX);
     let (production_worker, _) = worker(&production, u32::MAX);
-    // The same job in both apps: neither app's enqueue is swallowed as the other's duplicate.
     staging.backend.enqueue_job(&Charge { account: 1 }).await.unwrap();
-    let same = production.backend.enqueue_job(&Charge { account: 1 }).await.unwrap();
-    assert!(same.is_created(), "the other destination's job is not a duplicate of this one's: {same:?}");
+    production.backend.enqueue_job(&Charge { account: 2 }).await.unwrap();
     assert!(emulator.wait_for_dlq(2, Duration::from_secs(30)).await, "both jobs fail to the account's DLQ");
-    staging_worker.shutdown().await;
-    production_worker.shutdown().await;
-
     let ours = open(&staging.backend).await;
     let theirs = open(&production.backend).await;
     assert_eq!(ours.len(), 1, "staging lists its own record only: {ours:?}");
@@ -101,6 +96,13 @@ async fn two_destinations_on_one_account_each_see_only_their_own_records() {
     assert_eq!(left, std::slice::from_ref(&production.destination), "production's entry is still in the DLQ");
     let theirs_after = open(&production.backend).await;
     assert_eq!(theirs_after.iter().map(|r| &r.id).collect::<Vec<_>>(), [other], "and still production's record");
+
+    // The same job in both apps: neither app's enqueue is swallowed as the other's duplicate.
+    let same = production.backend.enqueue_job(&Charge { account: 1 }).await.unwrap();
+    assert!(same.is_created(), "the other destination's job is not a duplicate of this one's: {same:?}");
+    assert!(emulator.wait_for_dlq(2, Duration::from_secs(30)).await, "it runs, and fails, in production too");
+    staging_worker.shutdown().await;
+    production_worker.shutdown().await;
 }
 
 #[tokio::test]
