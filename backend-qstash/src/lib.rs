@@ -35,7 +35,9 @@
 //! started by a worker or not: QStash retries each, and its retry count is all a delivery carries
 //! of it. Everywhere else the receiver gives the attempt back: a delivery unclaimed within the park
 //! limit goes back as a copy, one whose connection closed is forgotten before a worker starts it,
-//! one refused past the park bound is not counted by this process.
+//! one refused past the park bound is not counted by this process. On a graceful stop, stop the
+//! workers first and let the server drain its connections for the park limit: the deliveries still
+//! waiting go back as copies, unspent.
 //!
 //! Mount the receiver at the public URL you configured:
 //!
