@@ -68,6 +68,8 @@ async fn backend(
     let config = QStashConfig::new(TOKEN, &destination)
         .with_api_url(emulator.url())
         .with_signing_keys(KEY, "sig_bench_next")
+        // Every job is delivered at once (no QStash queue): all parked, as before the bound.
+        .with_max_parked(JOBS as usize)
         .allow_plain_http();
     let backend = QStashBackend::connect(config, Arc::new(ledger.clone())).await?;
     let app = axum::Router::new().route("/qstash", backend.receiver());

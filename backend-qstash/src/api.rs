@@ -43,6 +43,9 @@ pub(crate) struct Outgoing {
 pub(crate) struct DlqEntry {
     pub(crate) dlq_id: String,
     pub(crate) message_id: String,
+    /// The destination it was sent to: the account's DLQ holds every destination's.
+    #[serde(default)]
+    pub(crate) url: Option<String>,
     #[serde(default)]
     pub(crate) header: Option<std::collections::HashMap<String, Vec<String>>>,
     #[serde(default)]
@@ -142,14 +145,21 @@ impl Api {
             .collect()
     }
 
-    pub(crate) async fn dlq_page(&self, cursor: Option<&str>) -> Result<(Vec<DlqEntry>, Option<String>)> {
-        let mut request = self.http.get(self.url("/v2/dlq")).query(&[("count", "100")]);
+    /// One page of the DLQ entries of `url` (the list's `url` filter: the DLQ is the account's).
+    pub(crate) async fn dlq_page(&self, url: &str, cursor: Option<&str>) -> Result<(Vec<DlqEntry>, Option<String>)> {
+        let mut request = self.http.get(self.url("/v2/dlq")).query(&[("count", "100"), ("url", url)]);
         if let Some(cursor) = cursor {
             request = request.query(&[("cursor", cursor)]);
         }
         let page: DlqPage = json(self.send(request, "DLQ list").await?, "DLQ list").await?;
         let cursor = page.cursor.filter(|c| !c.is_empty());
         Ok((page.messages, cursor))
+    }
+
+    /// One DLQ entry; `NotFound` when it is gone.
+    pub(crate) async fn dlq_get(&self, dlq_id: &str) -> Result<DlqEntry> {
+        let request = self.http.get(self.url(&format!("/v2/dlq/{dlq_id}")));
+        json(self.send(request, "DLQ get").await?, "DLQ get").await
     }
 
     /// Deletes DLQ entries; one that is gone already counts as deleted.
@@ -161,15 +171,16 @@ impl Api {
         Ok(())
     }
 
-    /// Sends a DLQ entry's message again through QStash's retry API; answers the new message's id.
-    /// `overrides` are `Upstash-*` headers that change the message's settings for the retry.
-    pub(crate) async fn dlq_retry(&self, dlq_id: &str, overrides: Vec<(String, String)>) -> Result<String> {
+    /// Sends a DLQ entry's message again through QStash's retry API: the new message's id, or
+    /// the earlier one's with `deduplicated` when QStash sent nothing (the message's
+    /// deduplication id is still in its window). `overrides` are `Upstash-*` headers that change
+    /// the message's settings for the retry.
+    pub(crate) async fn dlq_retry(&self, dlq_id: &str, overrides: Vec<(String, String)>) -> Result<Published> {
         let mut request = self.http.post(self.url(&format!("/v2/dlq/retry/{dlq_id}")));
         for (name, value) in overrides {
             request = request.header(name, value);
         }
-        let published: Published = json(self.send(request, "DLQ retry").await?, "DLQ retry").await?;
-        Ok(published.message_id)
+        json(self.send(request, "DLQ retry").await?, "DLQ retry").await
     }
 
     pub(crate) async fn signing_keys(&self) -> Result<SigningKeys> {

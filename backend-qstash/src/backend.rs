@@ -2,8 +2,8 @@
 //! until a worker's verdict answers it; the worker claims parked deliveries as it claims jobs
 //! elsewhere, so handlers, keys and records are the same code as on every other backend.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,9 +18,10 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use crate::api::DlqEntry;
 use crate::api::{Api, BATCH, Outgoing};
 use crate::config::QStashConfig;
-use crate::dead::{self, COPIED_AT, Carried, ERRORS, FAILED_AT, JOB_ID, SPENT};
+use crate::dead::{self, COPIED_AT, Carried, ERRORS, FAILED_AT, JOB_ID, SEAL, SPENT, Seal, UNCLAIMED};
 use crate::signature::Verifier;
 
 /// Room kept in a message for the envelope's fields and the headers a copy adds (the error
@@ -28,8 +29,15 @@ use crate::signature::Verifier;
 const MESSAGE_ROOM: usize = 16 * 1024;
 /// How often, at most, the receiver reads the signing keys again after a rotation.
 const KEYS_REFRESH: Duration = Duration::from_secs(60);
-/// QStash's deduplication window.
+/// QStash's deduplication window: 10 minutes, as the API reference (the publish endpoint's
+/// `Upstash-Deduplication-Id`: "published in the last 10 minutes") and the deduplication page
+/// ("The deduplication window is 10 minutes") say. `@upstash/qstash`'s JSDoc says ids are stored
+/// 90 days; the backend depends on neither end: it never publishes an id again to send anything
+/// again, and reads QStash's `deduplicated` answer where it could (a DLQ retry).
 const DEDUPE_WINDOW: Duration = Duration::from_secs(600);
+/// How long the receiver remembers refusing a message past its park bound, so that QStash's
+/// retries of it are not counted as attempts of the job.
+const REFUSALS_KEPT: Duration = Duration::from_secs(3600);
 /// The longest `Upstash-Not-Before` / `Upstash-Delay` the backend sends: QStash's plans allow 7
 /// days at least.
 const MAX_DELAY: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -58,6 +66,14 @@ pub(crate) struct Inner {
     /// them (then they are never replaced).
     keys_read: Option<Mutex<Option<Instant>>>,
     fail_after_replay_send: AtomicBool,
+    /// Seals the headers a copy carries.
+    pub(crate) seal: Seal,
+    /// Deliveries whose request is open here: parked, claimed or being answered.
+    pub(crate) parked: AtomicUsize,
+    /// Messages refused past the park bound, by message id: how many times, and when last.
+    refused: Mutex<HashMap<String, (u32, Instant)>>,
+    /// The kinds this process's claims have asked for (`None` in the set's place: any kind).
+    wanted: Mutex<Option<HashSet<String>>>,
 }
 
 /// Where a drain's listing of the DLQ stands.
@@ -155,6 +171,10 @@ impl QStashBackend {
                 cursor: Mutex::new(Cursor::Start),
                 keys_read: config.signing_keys.is_none().then(|| Mutex::new(None)),
                 fail_after_replay_send: AtomicBool::new(false),
+                seal: Seal::new(&config.token),
+                parked: AtomicUsize::new(0),
+                refused: Mutex::new(HashMap::new()),
+                wanted: Mutex::new(Some(HashSet::new())),
                 config,
             }),
         })
@@ -204,7 +224,7 @@ impl QStashBackend {
         }
         let mut cursor = None;
         loop {
-            let (entries, next) = self.inner.api.dlq_page(cursor.as_deref()).await?;
+            let (entries, next) = self.dlq_page(cursor.as_deref()).await?;
             if entries.iter().any(|e| e.body.as_deref().is_some_and(|b| b.contains(text))) {
                 return Ok(true);
             }
@@ -230,6 +250,12 @@ impl QStashBackend {
         ]
     }
 
+    /// A job's deduplication id on this destination: QStash's ids are the account's, and two
+    /// apps (or staging and production) on one token enqueue the same keys.
+    fn dedupe_id(&self, job: &NewJob) -> String {
+        dedupe_of(&[&self.inner.config.destination, &job.dedupe_id()])
+    }
+
     /// A job's first message: dedupe on the key and the payload's fingerprint, the cap as
     /// retries, its time if scheduled.
     fn first_message(&self, job: &NewJob, dedupe: &str) -> Outgoing {
@@ -243,11 +269,19 @@ impl QStashBackend {
         Outgoing { headers, body: Envelope::new(job).encode() }
     }
 
-    /// Publishes the delivery's next copy after `delay`, carrying `spent` attempts and `errors`:
-    /// a retry or a deferral. Its deduplication id is the delivery's (message id and retry
-    /// count): one delivery has one successor, so the same delivery made twice at once (one run,
-    /// one deferred behind its hold) cannot fork the job into two chains.
-    async fn publish_copy(&self, d: &Delivery, spent: u32, errors: &[AttemptError], delay: Duration) -> Result<()> {
+    /// Publishes the delivery's next copy after `delay`, carrying `spent` attempts, `errors` and
+    /// `unclaimed` rounds, sealed: a retry, a deferral or a delivery handed back. Its
+    /// deduplication id is the delivery's (message id and retry count): one delivery has one
+    /// successor, so the same delivery made twice at once (one run, one deferred behind its
+    /// hold) cannot fork the job into two chains.
+    async fn publish_copy(
+        &self,
+        d: &Delivery,
+        spent: u32,
+        errors: &[AttemptError],
+        unclaimed: u32,
+        delay: Duration,
+    ) -> Result<()> {
         if !Self::waits(d) {
             // QStash stopped waiting and delivers the message again: no second chain.
             return Err(lease_lost());
@@ -260,10 +294,13 @@ impl QStashBackend {
             headers.push(("Upstash-Delay".into(), format!("{}s", seconds(delay))));
         }
         let forward = |name: &str| format!("Upstash-Forward-{name}");
-        headers.push((forward(JOB_ID), d.job.id.0.clone()));
-        headers.push((forward(SPENT), spent.to_string()));
-        if !errors.is_empty() {
-            headers.push((forward(ERRORS), dead::encode_errors(errors)));
+        let errors = if errors.is_empty() { String::new() } else { dead::encode_errors(errors) };
+        let carried = [d.job.id.0.clone(), spent.to_string(), errors, unclaimed.to_string()];
+        headers.push((forward(SEAL), self.inner.seal.sign(&carried, d.body.as_bytes())));
+        for (name, value) in [JOB_ID, SPENT, ERRORS, UNCLAIMED].into_iter().zip(carried) {
+            if !value.is_empty() {
+                headers.push((forward(name), value));
+            }
         }
         headers.push((forward(COPIED_AT), Utc::now().timestamp_millis().to_string()));
         let message = Outgoing { headers, body: d.body.clone() };
@@ -331,10 +368,28 @@ impl QStashBackend {
             return Some(Verdict::again(500, Duration::from_secs(1), "the worker's lease lapsed"));
         }
         let spent = d.job.attempt.saturating_sub(1);
+        // A kind no claim of this process ever asked for would circulate for ever, billed each
+        // round: counted, and past the bound a record. One left while its workers are busy is not.
+        let unclaimed = if self.wanted(&d.job.kind) { d.carried.unclaimed } else { d.carried.unclaimed + 1 };
+        if unclaimed >= self.inner.config.unclaimed_rounds {
+            let error = format!(
+                "no worker in this process handles kind {}: the delivery was handed back unclaimed {unclaimed} times",
+                d.job.kind
+            );
+            warn!(job = %d.job.id, kind = %d.job.kind, key = %d.job.key, rounds = unclaimed,
+                "a QStash delivery no worker here handles is dead-lettered as a record");
+            return Some(Verdict {
+                status: 489,
+                retry_after: None,
+                non_retryable: true,
+                failed_at: Some(Utc::now().timestamp_millis()),
+                body: redrive_core::broker::last_error(&error),
+            });
+        }
         // Delayed by the park limit: a kind no worker here handles comes back at that pace, not
         // at once in a loop of billed messages.
         let delay = self.inner.config.park_limit;
-        Some(match self.publish_copy(d, spent, &d.carried.errors, delay).await {
+        Some(match self.publish_copy(d, spent, &d.carried.errors, unclaimed, delay).await {
             Ok(()) => Verdict::ok(),
             Err(e) if e.kind() == ErrorKind::LeaseLost => Verdict::again(500, Duration::from_secs(1), "gone"),
             Err(e) => {
@@ -359,6 +414,82 @@ impl QStashBackend {
         }
         warn!(job = %d.job.id, kind = %d.job.kind, key = %d.job.key, attempt = d.job.attempt,
             "a QStash delivery's connection closed before its verdict; QStash delivers it again");
+    }
+
+    /// Remembers the kinds a claim asks for: deliveries of others are unhandled here.
+    fn want(&self, kinds: &Kinds) {
+        let mut wanted = lock(&self.inner.wanted);
+        match (kinds, wanted.as_mut()) {
+            (Kinds::Any, _) => *wanted = None,
+            (Kinds::Only(kinds), Some(set)) => set.extend(kinds.iter().cloned()),
+            (Kinds::Only(_), None) => {}
+        }
+    }
+
+    /// Whether a claim of this process ever asked for `kind`.
+    fn wanted(&self, kind: &str) -> bool {
+        lock(&self.inner.wanted).as_ref().is_none_or(|set| set.contains(kind))
+    }
+
+    /// Remembers a refusal of `message_id` past the park bound (an hour; the oldest forgotten
+    /// first past 10,000 messages).
+    pub(crate) fn note_refusal(&self, message_id: &str) {
+        let mut refused = lock(&self.inner.refused);
+        let now = Instant::now();
+        if refused.len() >= 10_000 {
+            refused.retain(|_, (_, at)| now.duration_since(*at) < REFUSALS_KEPT);
+            if refused.len() >= 10_000 {
+                let oldest = refused.iter().min_by_key(|(_, (_, at))| *at).map(|(id, _)| id.clone());
+                refused.remove(&oldest.unwrap_or_default());
+            }
+        }
+        let entry = refused.entry(message_id.to_owned()).or_insert((0, now));
+        *entry = (entry.0 + 1, now);
+    }
+
+    /// How many of a message's deliveries this process refused past the park bound: QStash
+    /// counted them as retries, no worker started them.
+    pub(crate) fn refusals(&self, message_id: &str) -> u32 {
+        lock(&self.inner.refused).get(message_id).filter(|(_, at)| at.elapsed() < REFUSALS_KEPT).map_or(0, |(n, _)| *n)
+    }
+
+    /// One page of this destination's DLQ entries. The list is asked for this destination only,
+    /// and each entry is checked too: the DLQ is the account's, and another destination's
+    /// entries are not this app's to read, alert on, discard or purge.
+    async fn dlq_page(&self, cursor: Option<&str>) -> Result<(Vec<DlqEntry>, Option<String>)> {
+        let (entries, next) = self.inner.api.dlq_page(&self.inner.config.destination, cursor).await?;
+        Ok((entries.into_iter().filter(|e| self.ours(e)).collect(), next))
+    }
+
+    fn ours(&self, entry: &DlqEntry) -> bool {
+        entry.url.as_deref() == Some(self.inner.config.destination.as_str())
+    }
+
+    /// The record's DLQ entry, if it is there and this destination's. A record kept before
+    /// records were scoped (another destination's entry) is refused: its message is not this
+    /// app's to send again or delete.
+    async fn entry_of(&self, record: &FailureId) -> Result<Option<DlqEntry>> {
+        match self.inner.api.dlq_get(&record.0).await {
+            Ok(entry) if self.ours(&entry) => Ok(Some(entry)),
+            Ok(_) => Err(Error::new(
+                ErrorKind::NotFound,
+                format!("DLQ entry {record} belongs to another destination on this QStash account"),
+            )
+            .with_retry(redrive_core::Retry::Permanent)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Publishes a replayed job from its record, under a deduplication id of the record's: not
+    /// the job's (QStash would swallow it for its window), and one replay of the record sends
+    /// one message however often it is tried.
+    async fn republish(&self, job: &NewJob, record: &FailureId) -> Result<JobId> {
+        let dedupe = dedupe_of(&[&self.dedupe_id(job), &record.0]);
+        let message = self.first_message(job, &dedupe);
+        let published =
+            self.inner.api.publish(&self.inner.config.destination, self.inner.config.queue.as_deref(), message).await?;
+        Ok(JobId(published.message_id))
     }
 
     fn take(&self, kinds: &Kinds, max: usize, lease: Duration) -> Vec<Claimed> {
@@ -405,7 +536,7 @@ impl Backend for QStashBackend {
 impl Enqueue for QStashBackend {
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
         Broker::check_job(self, &job)?;
-        let message = self.first_message(&job, &job.dedupe_id());
+        let message = self.first_message(&job, &self.dedupe_id(&job));
         let published =
             self.inner.api.publish(&self.inner.config.destination, self.inner.config.queue.as_deref(), message).await?;
         let id = JobId(published.message_id);
@@ -418,7 +549,7 @@ impl Enqueue for QStashBackend {
         }
         let mut answers = Vec::with_capacity(jobs.len());
         for chunk in jobs.chunks(BATCH) {
-            let messages = chunk.iter().map(|j| self.first_message(j, &j.dedupe_id())).collect();
+            let messages = chunk.iter().map(|j| self.first_message(j, &self.dedupe_id(j))).collect();
             let published = match self
                 .inner
                 .api
@@ -443,6 +574,7 @@ impl Enqueue for QStashBackend {
 
 impl Claim for QStashBackend {
     async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+        self.want(kinds);
         let deadline = Instant::now() + wait;
         loop {
             let arrived = self.inner.arrived.notified();
@@ -466,7 +598,7 @@ impl Claim for QStashBackend {
     async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
         let d = self.settle(lease)?;
         let errors = redrive_core::broker::add_error(d.carried.errors.clone(), d.job.attempt, error);
-        let verdict = match self.publish_copy(&d, d.job.attempt, &errors, delay).await {
+        let verdict = match self.publish_copy(&d, d.job.attempt, &errors, 0, delay).await {
             Ok(()) => Verdict::ok(),
             Err(e) if e.kind() == ErrorKind::LeaseLost => return Err(e),
             Err(e) => {
@@ -481,7 +613,7 @@ impl Claim for QStashBackend {
     async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
         let d = self.settle(lease)?;
         let spent = d.job.attempt.saturating_sub(1);
-        let verdict = match self.publish_copy(&d, spent, &d.carried.errors, delay).await {
+        let verdict = match self.publish_copy(&d, spent, &d.carried.errors, 0, delay).await {
             Ok(()) => Verdict::ok(),
             Err(e) if e.kind() == ErrorKind::LeaseLost => return Err(e),
             Err(e) => {
@@ -579,10 +711,20 @@ impl Broker for QStashBackend {
             Cursor::Start => None,
             Cursor::At(cursor) => Some(cursor),
         };
-        let (entries, next) = self.inner.api.dlq_page(cursor.as_deref()).await?;
-        if !entries.is_empty() {
-            *lock(&self.inner.cursor) = next.map_or(Cursor::End, Cursor::At);
-        }
+        let mut cursor = cursor;
+        let entries = loop {
+            let (entries, next) = self.dlq_page(cursor.as_deref()).await?;
+            match next {
+                // A page of other destinations' entries only (a filter QStash did not apply).
+                Some(next) if entries.is_empty() => cursor = Some(next),
+                next => {
+                    if !entries.is_empty() {
+                        *lock(&self.inner.cursor) = next.map_or(Cursor::End, Cursor::At);
+                    }
+                    break entries;
+                }
+            }
+        };
         Ok(entries.iter().map(|e| Drained { record: dead::record_of(e), receipt: e.dlq_id.clone() }).collect())
     }
 
@@ -609,30 +751,48 @@ impl Broker for QStashBackend {
         Ok(())
     }
 
-    /// QStash's retry API on the record's DLQ entry. An entry gone from the DLQ (deleted in the
-    /// console, or past its retention) is published anew from the record, under a deduplication
-    /// id of its own: the original's could be swallowed for QStash's window.
+    /// QStash's retry API on the record's DLQ entry, once it is checked to be this
+    /// destination's. An entry gone from the DLQ (deleted in the console, or past its
+    /// retention) is published anew from the record; so is one whose retry QStash answers as
+    /// deduplicated (the message's deduplication id still in its window: nothing was sent).
     async fn send_replay(&self, job: &NewJob, record: &FailureId) -> Result<JobId> {
-        // The entry carries its last copy's attempts, history and retries: a replay starts over.
+        let Some(entry) = self.entry_of(record).await? else {
+            info!(record = %record, key = %job.key, "the DLQ entry is gone; the replay publishes the job from its record");
+            return self.republish(job, record).await;
+        };
+        // The entry carries its last copy's attempts, history and retries: a replay starts over,
+        // the job's id kept, sealed to the entry's body.
+        let job_id = Carried::read(|name| dead::lookup(&entry.header, name)).job_id.unwrap_or(entry.message_id.clone());
+        let carried = [job_id, "0".to_owned(), String::new(), String::new()];
+        let seal = self.inner.seal.sign(&carried, dead::text(&entry.body, &entry.body_base64).as_bytes());
+        let [job_id, spent, errors, unclaimed] = carried;
         let forward = |name: &str| format!("Upstash-Forward-{name}");
         let fresh = vec![
             ("Upstash-Retries".to_owned(), job.cap.saturating_sub(1).to_string()),
-            (forward(SPENT), "0".to_owned()),
-            (forward(ERRORS), String::new()),
+            (forward(JOB_ID), job_id),
+            (forward(SPENT), spent),
+            (forward(ERRORS), errors),
+            (forward(UNCLAIMED), unclaimed),
+            (forward(SEAL), seal),
             (forward(COPIED_AT), Utc::now().timestamp_millis().to_string()),
         ];
         match self.inner.api.dlq_retry(&record.0, fresh).await {
-            Ok(message_id) => Ok(JobId(message_id)),
+            Ok(sent) if !sent.deduplicated => Ok(JobId(sent.message_id)),
+            Ok(_) => {
+                info!(record = %record, key = %job.key,
+                    "QStash answered the DLQ retry as deduplicated (nothing sent); the replay publishes the job from its record");
+                let sent = self.republish(job, record).await?;
+                // QStash removes a retried entry; one left would only be drained again.
+                if let Err(e) = self.inner.api.dlq_delete(std::slice::from_ref(&record.0)).await
+                    && e.kind() != ErrorKind::NotFound
+                {
+                    warn!(record = %record, error = %e, "the replayed record's DLQ entry could not be deleted");
+                }
+                Ok(sent)
+            }
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 info!(record = %record, key = %job.key, "the DLQ entry is gone; the replay publishes the job from its record");
-                let dedupe = dedupe_of(&[&job.dedupe_id(), &record.0]);
-                let message = self.first_message(job, &dedupe);
-                let published = self
-                    .inner
-                    .api
-                    .publish(&self.inner.config.destination, self.inner.config.queue.as_deref(), message)
-                    .await?;
-                Ok(JobId(published.message_id))
+                self.republish(job, record).await
             }
             Err(e) => Err(e),
         }
@@ -646,7 +806,18 @@ impl Broker for QStashBackend {
         self.inner.fail_after_replay_send.load(Ordering::Relaxed)
     }
 
+    /// Deletes the record's DLQ entry if it is this destination's; another's (a record kept
+    /// before records were scoped) stays where it is.
     async fn forget_dead(&self, record: &FailureId) -> Result<()> {
+        match self.entry_of(record).await {
+            Ok(None) => return Ok(()),
+            Ok(Some(_)) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                warn!(record = %record, "the record's DLQ entry is another destination's: it is left in the DLQ");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
         match self.inner.api.dlq_delete(std::slice::from_ref(&record.0)).await {
             Err(e) if e.kind() != ErrorKind::NotFound => Err(e),
             _ => Ok(()),
@@ -654,21 +825,33 @@ impl Broker for QStashBackend {
     }
 
     /// Deletes the DLQ entries of the records the store is about to purge (by the store's
-    /// failure times, which are what the purge goes by).
+    /// failure times, which are what the purge goes by), found in this destination's listing
+    /// of the DLQ only.
     async fn purge_dead(&self, age: Duration) -> Result<()> {
         let before = Utc::now() - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX);
         let mut query = FailureQuery { failed_before: Some(before), limit: 500, ..FailureQuery::default() };
+        let mut purged = HashSet::new();
         loop {
             let page = self.inner.records.records(&self.inner.scope, &query).await?;
-            let ids: Vec<String> = page.iter().map(|r| r.id.0.clone()).collect();
+            purged.extend(page.iter().map(|r| r.id.0.clone()));
+            match page.last() {
+                Some(last) if page.len() == query.page_size() => query.after = Some(last.id.clone()),
+                _ => break,
+            }
+        }
+        let mut cursor = None;
+        while !purged.is_empty() {
+            let (entries, next) = self.dlq_page(cursor.as_deref()).await?;
+            let ids: Vec<String> = entries.into_iter().map(|e| e.dlq_id).filter(|id| purged.remove(id)).collect();
             if !ids.is_empty() {
                 self.inner.api.dlq_delete(&ids).await?;
             }
-            match page.last() {
-                Some(last) if page.len() == query.page_size() => query.after = Some(last.id.clone()),
-                _ => return Ok(()),
+            match next {
+                Some(next) => cursor = Some(next),
+                None => break,
             }
         }
+        Ok(())
     }
 }
 

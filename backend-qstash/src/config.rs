@@ -35,6 +35,8 @@ pub struct QStashConfig {
     pub(crate) signing_keys: Option<SigningKeys>,
     pub(crate) delivery_timeout: Duration,
     pub(crate) park_limit: Duration,
+    pub(crate) max_parked: usize,
+    pub(crate) unclaimed_rounds: u32,
     pub(crate) leeway: Duration,
     pub(crate) max_message: usize,
     pub(crate) max_retries: u32,
@@ -49,6 +51,7 @@ impl fmt::Debug for QStashConfig {
             .field("destination", &self.destination)
             .field("queue", &self.queue)
             .field("delivery_timeout", &self.delivery_timeout)
+            .field("max_parked", &self.max_parked)
             .field("leeway", &self.leeway)
             .field("max_message", &self.max_message)
             .field("max_retries", &self.max_retries)
@@ -72,6 +75,8 @@ impl QStashConfig {
             signing_keys: None,
             delivery_timeout: Duration::from_secs(300),
             park_limit: Duration::from_secs(20),
+            max_parked: 256,
+            unclaimed_rounds: 20,
             leeway: Duration::from_secs(5),
             max_message: 1_000_000,
             max_retries: 5,
@@ -110,6 +115,26 @@ impl QStashConfig {
     /// handed back to QStash as a delayed copy, at no attempt's cost.
     pub fn with_park_limit(mut self, limit: Duration) -> Self {
         self.park_limit = limit;
+        self
+    }
+
+    /// How many deliveries the receiver holds at once, waiting for a worker or running (256).
+    /// Past it a delivery is answered 503 with `Retry-After` before its body is read, rather than
+    /// held in memory. QStash counts that answer against the message's retries, as it counts
+    /// any non-2xx answer; this process does not count it as an attempt of the job. Keep it
+    /// above your workers' concurrency, so that only an overload meets it.
+    pub fn with_max_parked(mut self, deliveries: usize) -> Self {
+        self.max_parked = deliveries;
+        self
+    }
+
+    /// How many times in a row a delivery of a kind no worker of this process has ever claimed
+    /// is handed back unclaimed (each a new message, billed) before it is dead-lettered as a
+    /// record, with an alert (20: with the default park limit, about a quarter of an hour, room
+    /// for a rolling deploy to bring the kind's workers). A delivery left unclaimed because the
+    /// workers that handle its kind are busy is not counted.
+    pub fn with_unclaimed_rounds(mut self, rounds: u32) -> Self {
+        self.unclaimed_rounds = rounds;
         self
     }
 
@@ -177,6 +202,9 @@ impl QStashConfig {
         }
         if self.token.is_empty() {
             return Err(Error::new(ErrorKind::Config, "no QStash token"));
+        }
+        if self.max_parked == 0 || self.unclaimed_rounds == 0 {
+            return Err(Error::new(ErrorKind::Config, "the park bound and the unclaimed rounds must be at least 1"));
         }
         if self.delivery_timeout < Duration::from_secs(2) {
             return Err(Error::new(ErrorKind::Config, "the delivery timeout must be at least 2 s"));

@@ -1,22 +1,33 @@
 //! QStash's DLQ entries as failure records, and the headers a copy carries between deliveries.
 //!
-//! A copy (a retry or a deferral, published by the backend) forwards four headers, which QStash
-//! delivers without their `Upstash-Forward-` prefix and keeps in a DLQ entry's `header`:
+//! A copy (a retry, a deferral or an unclaimed delivery handed back, published by the backend)
+//! forwards these headers, which QStash delivers without their `Upstash-Forward-` prefix and
+//! keeps in a DLQ entry's `header`:
 //!
 //! | header | value |
 //! |---|---|
 //! | `Redrive-Job-Id` | the job's id: its first message's id |
 //! | `Redrive-Spent` | attempts the job spent before this copy |
 //! | `Redrive-Errors` | the failed attempts so far, JSON as in `docs/envelope.md`, base64url |
+//! | `Redrive-Unclaimed` | rounds in a row handed back unclaimed by a process with no worker for the kind |
+//! | `Redrive-Seal` | HMAC-SHA256 of the four above and the body's SHA-256, keyed from the QStash token, base64url |
 //! | `Redrive-Copied-At` | when the copy was published, unix milliseconds (for a person reading the DLQ) |
+//!
+//! QStash's signature covers the body only: the headers of a delivery are whatever its sender
+//! wrote. The receiver takes the carried values from a delivery only under a seal that holds, so
+//! a delivery sent by someone else cannot claim a later attempt, another job's id or a made-up
+//! history; without one it is the job's first message. A DLQ entry is read through the API with
+//! the token, so its headers are taken as they are.
 
 use std::collections::HashMap;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use chrono::{DateTime, TimeZone, Utc};
+use hmac::{KeyInit, Mac};
 use redrive_core::broker::{Known, add_error, carried_job, dead_record, last_error};
 use redrive_core::{AttemptError, FailureId, FailureRecord, JobId};
+use sha2::{Digest, Sha256};
 
 use crate::api::DlqEntry;
 
@@ -24,6 +35,8 @@ pub(crate) const JOB_ID: &str = "Redrive-Job-Id";
 pub(crate) const SPENT: &str = "Redrive-Spent";
 pub(crate) const ERRORS: &str = "Redrive-Errors";
 pub(crate) const COPIED_AT: &str = "Redrive-Copied-At";
+pub(crate) const UNCLAIMED: &str = "Redrive-Unclaimed";
+pub(crate) const SEAL: &str = "Redrive-Seal";
 /// On the worker's 489: when the record was written, unix milliseconds (kept in the entry's
 /// `responseHeader`).
 pub(crate) const FAILED_AT: &str = "Redrive-Failed-At";
@@ -34,6 +47,7 @@ pub(crate) struct Carried {
     pub(crate) job_id: Option<String>,
     pub(crate) spent: u32,
     pub(crate) errors: Vec<AttemptError>,
+    pub(crate) unclaimed: u32,
 }
 
 impl Carried {
@@ -44,7 +58,51 @@ impl Carried {
             job_id: one(JOB_ID).filter(|id| !id.is_empty()),
             spent: one(SPENT).and_then(|s| s.trim().parse().ok()).unwrap_or(0),
             errors: one(ERRORS).and_then(|e| decode_errors(&e)).unwrap_or_default(),
+            unclaimed: one(UNCLAIMED).and_then(|s| s.trim().parse().ok()).unwrap_or(0),
         }
+    }
+
+    /// The carried headers of a delivery of `body`, if `seal` sealed them; else nothing carried
+    /// (the job's first message), and whether headers were there unsealed.
+    pub(crate) fn sealed(get: impl Fn(&str) -> Option<String>, seal: &Seal, body: &[u8]) -> (Self, bool) {
+        let raw = |name: &str| get(name).unwrap_or_default();
+        let values = [raw(JOB_ID), raw(SPENT), raw(ERRORS), raw(UNCLAIMED)];
+        let given = get(SEAL);
+        match given {
+            Some(given) if seal.holds(&values, body, &given) => (Self::read(get), false),
+            _ => (Self::default(), values.iter().any(|v| !v.is_empty())),
+        }
+    }
+}
+
+/// Seals a copy's carried headers to its body, with a key only holders of the QStash token have.
+pub(crate) struct Seal {
+    key: [u8; 32],
+}
+
+impl Seal {
+    pub(crate) fn new(token: &str) -> Self {
+        Self { key: Sha256::digest(format!("redrive-qstash-seal\n{token}")).into() }
+    }
+
+    fn mac(&self, values: &[String; 4], body: &[u8]) -> hmac::Hmac<Sha256> {
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC takes a key of any length");
+        for value in values {
+            mac.update(value.as_bytes());
+            mac.update(b"\n");
+        }
+        mac.update(&Sha256::digest(body));
+        mac
+    }
+
+    /// The seal of the carried `values` (job id, spent, errors, unclaimed, as sent) and `body`.
+    pub(crate) fn sign(&self, values: &[String; 4], body: &[u8]) -> String {
+        URL_SAFE_NO_PAD.encode(self.mac(values, body).finalize().into_bytes())
+    }
+
+    fn holds(&self, values: &[String; 4], body: &[u8], given: &str) -> bool {
+        let Ok(given) = URL_SAFE_NO_PAD.decode(given.trim().trim_end_matches('=')) else { return false };
+        self.mac(values, body).verify_slice(&given).is_ok()
     }
 }
 
@@ -60,11 +118,11 @@ fn millis(text: &str) -> Option<DateTime<Utc>> {
     Utc.timestamp_millis_opt(text.trim().parse().ok()?).single()
 }
 
-fn lookup(map: &Option<HashMap<String, Vec<String>>>, name: &str) -> Option<String> {
+pub(crate) fn lookup(map: &Option<HashMap<String, Vec<String>>>, name: &str) -> Option<String> {
     map.as_ref()?.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).and_then(|(_, v)| v.first().cloned())
 }
 
-fn text(plain: &Option<String>, base64: &Option<String>) -> String {
+pub(crate) fn text(plain: &Option<String>, base64: &Option<String>) -> String {
     match (plain, base64) {
         (Some(text), _) if !text.is_empty() => text.clone(),
         (_, Some(encoded)) => {

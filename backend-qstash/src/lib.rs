@@ -8,16 +8,36 @@
 //! | ability | how |
 //! |---|---|
 //! | enqueue | `POST /v2/publish/{destination}` (or `/v2/enqueue/{queue}/…`), `/v2/batch` for many (≤ 100 a call); the [envelope](redrive_core::Envelope) as the body; `Upstash-Retries` = cap − 1; `Upstash-Not-Before` for a scheduled job |
-//! | dedupe | `Upstash-Deduplication-Id` = SHA-256 of the key and the payload's fingerprint: a copy within QStash's window is dropped, the same key with another payload is delivered and becomes a key-conflict record |
-//! | claim | push: [`QStashBackend::receiver`] verifies `Upstash-Signature` and parks the delivery until a worker's verdict answers it; attempt = `Upstash-Retried` + 1 + the attempts earlier copies spent |
+//! | dedupe | `Upstash-Deduplication-Id` = SHA-256 of the destination, the key and the payload's fingerprint: a copy within QStash's window (10 minutes, below) is dropped, the same key with another payload is delivered and becomes a key-conflict record |
+//! | claim | push: [`QStashBackend::receiver`] verifies `Upstash-Signature` (before reading the body; each token once) and parks the delivery, at most [`QStashConfig::with_max_parked`] at once (past it 503 with `Retry-After`), until a worker's verdict answers it; attempt = `Upstash-Retried` + 1 + the attempts earlier copies spent (carried under this backend's seal) |
 //! | complete | 2xx |
 //! | retry, defer | publish the next copy (its delay, the attempts spent, the error history, the job's id), then 2xx; if that publish fails, a non-2xx answer with `Retry-After` lets QStash retry |
 //! | release | back to this process's waiting deliveries (no request) |
 //! | renew | the parked delivery waits longer, up to the delivery timeout |
 //! | dead letter | 489 with `Upstash-NonRetryable-Error: true`: QStash moves the message to its DLQ, which is the record |
-//! | failure records | the DLQ listed (with its cursor) into a [`RecordStore`](redrive_core::RecordStore) (your database), where reads are complete and paged, and discards keep reason and actor; the DLQ entry stays while the record is open |
-//! | replay | take the record in the store, `POST /v2/dlq/retry/{dlqId}`, close the record: never a republish with the same deduplication id, which QStash would swallow for its window |
+//! | failure records | this destination's DLQ entries (the list's `url` filter, each entry's `url` checked: the DLQ is the account's, shared by every app on the token) listed into a [`RecordStore`](redrive_core::RecordStore) (your database), where reads are complete and paged, and discards keep reason and actor; the DLQ entry stays while the record is open |
+//! | replay | take the record in the store, `POST /v2/dlq/retry/{dlqId}` on an entry checked to be this destination's, close the record; where QStash answers the retry as deduplicated (sent nothing) or the entry is gone, a publish from the record under a deduplication id of its own |
+//! | unhandled kinds | a kind no claim of this process asked for is handed back unclaimed [`with_unclaimed_rounds`](QStashConfig::with_unclaimed_rounds) times, then dead-lettered as a record |
 //! | effect ledger | not here: pass your database's (e.g. `redrive-postgres`) to the worker |
+//!
+//! **QStash's deduplication window is 10 minutes**, declared as `Dedupe::Window(10 min)`. The
+//! sources disagree: the API reference says 10 minutes twice (the publish endpoint's
+//! `Upstash-Deduplication-Id`, "If a message with the same deduplication ID was published in the
+//! last 10 minutes, the new message will be ignored", in `upstash/docs` `qstash/openapi.yaml`;
+//! and <https://upstash.com/docs/qstash/features/deduplication>, "The deduplication window is 10
+//! minutes"), while `@upstash/qstash`'s JSDoc of `deduplicationId` (`src/client/client.ts`,
+//! v2.12) says "We store deduplication ids for 90 days", copied by the community `qstash-rs`;
+//! PyPI `qstash` states no length. The reference is the service's contract; and nothing here
+//! depends on the window's end: no id is published again to send anything again, and the
+//! `deduplicated` answer of a DLQ retry is read.
+//!
+//! **A crash** (the process killed) charges one attempt to every delivery whose request was open,
+//! started by a worker or not: QStash retries each, and its retry count is all a delivery carries
+//! of it. Everywhere else the receiver gives the attempt back: a delivery unclaimed within the park
+//! limit goes back as a copy, one whose connection closed is forgotten before a worker starts it,
+//! one refused past the park bound is not counted by this process. On a graceful stop, stop the
+//! workers first and let the server drain its connections for the park limit: the deliveries still
+//! waiting go back as copies, unspent.
 //!
 //! Mount the receiver at the public URL you configured:
 //!

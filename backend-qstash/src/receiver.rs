@@ -1,6 +1,8 @@
-//! The endpoint QStash delivers to: checks the body's size and its signature, parks the delivery
-//! for the workers, and answers with their verdict.
+//! The endpoint QStash delivers to: checks the signature (before reading the body, then against
+//! it) and the body's size, parks the delivery for the workers within the park bound, and
+//! answers with their verdict.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,17 +18,18 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::backend::{Delivery, FAILED_AT_HEADER, QStashBackend, State, Verdict, lock};
-use crate::config::QStashConfig;
 use crate::dead::Carried;
-use crate::signature::NOT_OUR_KEYS;
+use crate::signature::{NOT_OUR_KEYS, Verifier};
 
 impl QStashBackend {
     /// The endpoint QStash delivers to, for `Router::route(path, backend.receiver())` at the
     /// path of the configured destination; as a `tower::Service` it serves other frameworks too.
     ///
-    /// A delivery whose body is over the plan's message size gets 413, and one without a valid
-    /// `Upstash-Signature` 401; neither reaches a handler. A verified delivery waits for a worker
-    /// of this process and gets its verdict: 2xx done (or handed on as a copy), 500 with
+    /// A delivery without a valid `Upstash-Signature` gets 401 before its body is read, as does
+    /// one whose token was accepted before (a captured delivery sent again); one whose body is
+    /// over the plan's message size 413; past the park bound ([`QStashConfig::with_max_parked`](crate::QStashConfig::with_max_parked))
+    /// 503 with `Retry-After`. None reaches a handler. A verified delivery waits for a worker of
+    /// this process and gets its verdict: 2xx done (or handed on as a copy), 500 with
     /// `Retry-After` to retry, 489 with `Upstash-NonRetryable-Error: true` to dead-letter.
     pub fn receiver(&self) -> MethodRouter {
         post(receive).with_state(self.clone())
@@ -43,21 +46,46 @@ fn header(headers: &HeaderMap, name: &str) -> Option<String> {
 
 async fn receive(Shared(backend): Shared<QStashBackend>, headers: HeaderMap, body: Body) -> Response {
     let inner = &backend.inner;
-    let Ok(body) = axum::body::to_bytes(body, inner.config.max_message).await else {
-        return refuse(StatusCode::PAYLOAD_TOO_LARGE, "the body is over the message size limit");
-    };
     let Some(signature) = header(&headers, "upstash-signature") else {
         return refuse(StatusCode::UNAUTHORIZED, "no Upstash-Signature");
     };
-    let mut verified = inner.verifier.verify(&signature, &body);
-    if verified == Err(NOT_OUR_KEYS) && backend.refresh_keys().await {
-        verified = inner.verifier.verify(&signature, &body);
+    let mut token = inner.verifier.check_token(&signature);
+    if matches!(token, Err(NOT_OUR_KEYS)) && backend.refresh_keys().await {
+        token = inner.verifier.check_token(&signature);
     }
-    if let Err(why) = verified {
+    let token = match token {
+        Ok(token) => token,
+        Err(why) => {
+            warn!(why, "a delivery was refused: its signature does not hold");
+            return refuse(StatusCode::UNAUTHORIZED, why);
+        }
+    };
+    if inner.verifier.seen(&token, false) {
+        return replayed();
+    }
+    let Some(_slot) = Slot::take(&backend) else {
+        // Its body is never read: an overload holds no memory for it.
+        if let Some(message_id) = header(&headers, "upstash-message-id") {
+            backend.note_refusal(&message_id);
+        }
+        warn!(
+            bound = inner.config.max_parked,
+            "a QStash delivery was refused: the receiver holds its bound of deliveries"
+        );
+        let after = inner.config.park_limit.max(Duration::from_secs(1));
+        return respond(Verdict::again(503, after, "the receiver holds as many deliveries as it may"));
+    };
+    let Ok(body) = axum::body::to_bytes(body, inner.config.max_message).await else {
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, "the body is over the message size limit");
+    };
+    if let Err(why) = Verifier::check_body(&token, &body) {
         warn!(why, "a delivery was refused: its signature does not hold");
         return refuse(StatusCode::UNAUTHORIZED, why);
     }
-    let Some((delivery, mut verdict)) = delivery(&inner.config, &headers, body) else {
+    if inner.verifier.seen(&token, true) {
+        return replayed();
+    }
+    let Some((delivery, mut verdict)) = delivery(&backend, &headers, body) else {
         return refuse(StatusCode::BAD_REQUEST, "no Upstash-Message-Id");
     };
     let delivery = Arc::new(delivery);
@@ -94,6 +122,29 @@ async fn receive(Shared(backend): Shared<QStashBackend>, headers: HeaderMap, bod
     }
 }
 
+fn replayed() -> Response {
+    warn!("a delivery was refused: its signature was accepted before (a captured delivery sent again)");
+    refuse(StatusCode::UNAUTHORIZED, "the signature was accepted before")
+}
+
+/// A place among the deliveries the receiver holds, given back when the request ends.
+struct Slot<'a>(&'a QStashBackend);
+
+impl<'a> Slot<'a> {
+    fn take(backend: &'a QStashBackend) -> Option<Self> {
+        let parked = &backend.inner.parked;
+        let bound = backend.inner.config.max_parked;
+        parked.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < bound).then_some(n + 1)).ok()?;
+        Some(Self(backend))
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.inner.parked.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Forgets its delivery when dropped before a verdict.
 struct Forget<'a>(&'a QStashBackend, &'a Arc<Delivery>);
 
@@ -105,14 +156,28 @@ impl Drop for Forget<'_> {
 
 /// The delivery the request carries: its job (or a stand-in for a body that is not an
 /// envelope), its attempt and what its copies carried; and where its verdict will come.
-fn delivery(config: &QStashConfig, headers: &HeaderMap, body: Bytes) -> Option<(Delivery, oneshot::Receiver<Verdict>)> {
+///
+/// Only the body is signed. The carried headers count only under this backend's seal; the
+/// attempt adds QStash's retries (`Upstash-Retried`, unsigned) bounded by the retries the job
+/// has left, less those this process refused past its park bound (no worker started them).
+fn delivery(
+    backend: &QStashBackend,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Option<(Delivery, oneshot::Receiver<Verdict>)> {
+    let config = &backend.inner.config;
     let message_id = header(headers, "upstash-message-id")?;
     let retried: u32 = header(headers, "upstash-retried").and_then(|r| r.parse().ok()).unwrap_or(0);
-    let carried = Carried::read(|name| header(headers, name));
+    let (carried, unsealed) = Carried::sealed(|name| header(headers, name), &backend.inner.seal, &body);
+    if unsealed {
+        warn!(message = %message_id, "a delivery's carried headers are not sealed by this backend: taken as a first message");
+    }
     let job_id = JobId(carried.job_id.clone().unwrap_or_else(|| message_id.clone()));
     let text = String::from_utf8_lossy(&body).into_owned();
     let (env, undecodable) = carried_job("qstash", &message_id, &text, Known::default(), chrono::Utc::now());
-    let attempt = carried.spent + retried + 1;
+    let left = env.cap.saturating_sub(1).saturating_sub(carried.spent);
+    let counted = retried.saturating_sub(backend.refusals(&message_id)).min(left);
+    let attempt = carried.spent + counted + 1;
     let now = Instant::now();
     let timeout = config.delivery_timeout;
     let answer_by = now + timeout - (timeout / 10).min(Duration::from_secs(5));

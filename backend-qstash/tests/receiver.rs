@@ -42,8 +42,14 @@ fn claims(sub: &str, body: &[u8], exp_in: i64, nbf_in: i64) -> serde_json::Value
     let now = chrono::Utc::now().timestamp();
     serde_json::json!({
         "iss": "Upstash", "sub": sub, "iat": now, "exp": now + exp_in, "nbf": now + nbf_in,
-        "jti": "jwt_test", "body": URL_SAFE.encode(Sha256::digest(body)),
+        "jti": format!("jwt_{}", uuid()), "body": URL_SAFE.encode(Sha256::digest(body)),
     })
+}
+
+/// A fresh id: QStash signs every delivery attempt with a token of its own.
+fn uuid() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!("{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 fn sign(alg: Algorithm, key: &str, claims: &serde_json::Value) -> String {
@@ -159,10 +165,12 @@ async fn one_message_delivered_twice_at_once_has_one_effect_and_both_get_2xx() {
         .build()
         .start();
     let body = envelope();
-    let signature = sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 0));
+    // Two attempts of one message: QStash signs each with a token of its own.
+    let first = sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 0));
+    let second = sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 0));
     let (a, b) = tokio::join!(
-        post(&url, Some(&signature), body.clone(), "msg_twice"),
-        post(&url, Some(&signature), body.clone(), "msg_twice")
+        post(&url, Some(&first), body.clone(), "msg_twice"),
+        post(&url, Some(&second), body.clone(), "msg_twice")
     );
     assert_eq!((a, b), (200, 200), "both deliveries are answered 2xx");
     // The second waited behind the first's hold as a copy; let it come back and be skipped.
@@ -336,4 +344,198 @@ async fn the_receiver_is_a_plain_tower_service_for_other_frameworks() {
     worker.shutdown().await;
     assert_eq!(answered.status(), 200);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_missing_or_malformed_signature_is_refused_before_the_body_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rig = rig().await;
+    let addr = rig.destination.trim_start_matches("http://").trim_end_matches("/qstash").to_owned();
+    let wrong = sign(Algorithm::HS256, "sig_wrong", &claims(&rig.destination, b"{}", 300, 0));
+    for (case, signature) in
+        [("no signature", None), ("a malformed one", Some("not-a-jwt")), ("another key's", Some(&*wrong))]
+    {
+        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let mut head = format!(
+            "POST /qstash HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 1000000\r\nUpstash-Message-Id: msg_slow\r\n"
+        );
+        if let Some(signature) = signature {
+            head.push_str(&format!("Upstash-Signature: {signature}\r\n"));
+        }
+        head.push_str("\r\n{\"pad\":\"");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        // The rest of the body never comes: a slow client holding the connection.
+        let mut answer = vec![0; 64];
+        let read = tokio::time::timeout(Duration::from_secs(3), stream.read(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("{case}: no answer while the body is incomplete"))
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer[..read]).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 401"), "{case}: refused at once, got {answer:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_captured_delivery_cannot_be_sent_again_nor_its_unsigned_headers_forged() {
+    let rig = rig().await;
+    let url = rig.destination.clone();
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = attempts.clone();
+    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
+        .handle::<Grant>(move |job: Grant, ctx: JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push((job.account, ctx.attempt));
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .start();
+    let body = envelope();
+    let signature = sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 0));
+    assert_eq!(post(&url, Some(&signature), body.clone(), "msg_captured").await, 200);
+    // The same signed request again, inside its token's five minutes, claiming a later attempt.
+    let again = reqwest::Client::new()
+        .post(&url)
+        .header("Upstash-Message-Id", "msg_captured_again")
+        .header("Upstash-Retried", "3")
+        .header("Upstash-Signature", &signature)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status().as_u16(), 401, "a token is accepted once");
+
+    // A genuine signature over the body, with carried headers no copy of this backend sealed: an
+    // attempt and a history made up by whoever sent it.
+    let other = redrive_core::Envelope::new(&NewJob::from_job(&Grant { account: 8 }).unwrap()).encode();
+    let signature = sign(Algorithm::HS256, CURRENT, &claims(&url, other.as_bytes(), 300, 0));
+    let forged = reqwest::Client::new()
+        .post(&url)
+        .header("Upstash-Message-Id", "msg_forged")
+        .header("Upstash-Retried", "0")
+        .header("Redrive-Spent", "4")
+        .header("Redrive-Job-Id", "job_forged")
+        .header("Upstash-Signature", &signature)
+        .body(other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 200);
+    worker.shutdown().await;
+    assert_eq!(*attempts.lock().unwrap(), [(7, 1), (8, 1)], "one run each, as first attempts");
+}
+
+#[tokio::test]
+async fn past_the_park_bound_deliveries_are_answered_503_with_retry_after() {
+    // No worker: every delivery would wait its park limit (a minute here) in memory.
+    let rig = common::rig_with(common::emulator().signing_keys(CURRENT, NEXT), |c| {
+        c.with_signing_keys(CURRENT, NEXT).with_park_limit(Duration::from_secs(60))
+    })
+    .await;
+    let url = rig.destination.clone();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let mut sent = tokio::task::JoinSet::new();
+    for i in 0..300 {
+        let (url, body, client) = (url.clone(), envelope(), client.clone());
+        let signature = sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 0));
+        sent.spawn(async move {
+            let request = client
+                .post(&url)
+                .header("Upstash-Message-Id", format!("msg_burst_{i}"))
+                .header("Upstash-Retried", "0")
+                .header("Upstash-Signature", signature)
+                .body(body);
+            // A delivery still held when the client gives up was parked.
+            let answer = request.send().await.ok()?;
+            let after = answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            Some((answer.status().as_u16(), after))
+        });
+    }
+    let answers = sent.join_all().await;
+    let held = answers.iter().filter(|a| a.is_none()).count();
+    let refused: Vec<_> = answers.iter().flatten().collect();
+    assert_eq!(held, 256, "the bound (256 by default) held, the rest answered");
+    assert_eq!(refused.len(), 300 - 256);
+    assert!(
+        refused
+            .iter()
+            .all(|(status, after)| *status == 503 && after.as_deref().is_some_and(|a| a.parse::<u64>().is_ok())),
+        "past the bound: 503 with Retry-After in seconds, got {refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_kind_no_worker_handles_becomes_a_record_after_its_unclaimed_rounds() {
+    use redrive_core::{DeadLetter, FailureQuery};
+    let rig = common::rig_with(common::emulator(), |c| c.with_park_limit(Duration::from_millis(100))).await;
+    let (worker, _) = common::counting_worker::<Grant>(&rig);
+    // A kind of a newer release, not handled by this one.
+    let job = NewJob::new(
+        "invoice",
+        redrive_core::IdempotencyKey::parse("invoice:id=1").unwrap(),
+        serde_json::json!({"id": 1}),
+    )
+    .unwrap();
+    rig.backend.enqueue(job).await.unwrap();
+    let record = tokio::time::timeout(Duration::from_secs(40), async {
+        loop {
+            if let Some(record) = rig.backend.list(&FailureQuery::open()).await.unwrap().pop() {
+                return record;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("an unclaimed kind ends as a record rather than circulating for ever");
+    worker.shutdown().await;
+    assert_eq!(record.kind, "invoice");
+    assert!(record.last_error.contains("no worker"), "{}", record.last_error);
+    let rounds = rig.emulator.deliveries().len();
+    assert!(rounds <= 21, "bounded: {rounds} deliveries (20 unclaimed rounds by default)");
+}
+
+#[tokio::test]
+async fn a_delivery_refused_past_the_park_bound_is_not_charged_an_attempt() {
+    let rig = common::rig_with(common::emulator().signing_keys(CURRENT, NEXT), |c| {
+        c.with_signing_keys(CURRENT, NEXT).with_max_parked(1)
+    })
+    .await;
+    let url = rig.destination.clone();
+    let send = |body: String, message_id: &'static str, retried: &'static str| {
+        let signature = sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 0));
+        reqwest::Client::new()
+            .post(&url)
+            .header("Upstash-Message-Id", message_id)
+            .header("Upstash-Retried", retried)
+            .header("Upstash-Signature", signature)
+            .body(body)
+            .send()
+    };
+    // No worker yet: the first delivery holds the one place, the second is refused.
+    let first = tokio::spawn(send(envelope(), "msg_holding", "0"));
+    let (backend, start) = (rig.backend.clone(), tokio::time::Instant::now());
+    while backend.counts().await.unwrap().queued == 0 && start.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let other = redrive_core::Envelope::new(&NewJob::from_job(&Grant { account: 9 }).unwrap()).encode();
+    let refused = send(other.clone(), "msg_refused_once", "0").await.unwrap();
+    assert_eq!(refused.status().as_u16(), 503);
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = attempts.clone();
+    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
+        .handle::<Grant>(move |job: Grant, ctx: JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push((job.account, ctx.attempt));
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .start();
+    assert_eq!(first.await.unwrap().unwrap().status().as_u16(), 200);
+    // QStash's retry of the refused message: its first attempt still, no worker having started it.
+    assert_eq!(send(other, "msg_refused_once", "1").await.unwrap().status().as_u16(), 200);
+    worker.shutdown().await;
+    assert_eq!(*attempts.lock().unwrap(), [(7, 1), (9, 1)]);
 }

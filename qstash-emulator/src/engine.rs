@@ -114,6 +114,9 @@ pub(crate) struct Message {
     pub(crate) caller_ip: Option<String>,
     pub(crate) created_at: u64,
     pub(crate) not_before: u64,
+    /// What the message was published with for deduplication: a DLQ retry keeps it.
+    pub(crate) dedupe_id: Option<String>,
+    pub(crate) content_dedupe: bool,
     pub(crate) cancel: Arc<Notify>,
 }
 
@@ -426,6 +429,8 @@ impl Shared {
             caller_ip,
             created_at,
             not_before,
+            dedupe_id: spec.dedupe_id.clone(),
+            content_dedupe: spec.content_dedupe,
             cancel: Arc::new(Notify::new()),
         };
         if let Some(key) = dedupe_key {
@@ -520,6 +525,11 @@ impl Shared {
     }
 
     /// Re-sends a DLQ entry as a new message (settings from the entry, overridden by `over`).
+    /// The entry leaves the DLQ either way, as QStash's API reference says; the new message keeps
+    /// the original's deduplication id (or content-based deduplication) unless `over` gives
+    /// another, so a retry within the dedupe window answers `deduplicated` with the earlier
+    /// message's id and sends nothing, as QStash's retry answer (`messageId`, `deduplicated`)
+    /// allows.
     pub(crate) fn dlq_retry(self: &Arc<Self>, dlq_id: &str, over: &Spec) -> Option<Accepted> {
         let entry = self.dlq_remove(dlq_id)?;
         let m = entry.message;
@@ -541,8 +551,8 @@ impl Shared {
             delay: over.delay,
             not_before: over.not_before,
             timeout: over.timeout.or(Some(m.timeout)),
-            dedupe_id: over.dedupe_id.clone(),
-            content_dedupe: over.content_dedupe,
+            dedupe_id: over.dedupe_id.clone().or(m.dedupe_id),
+            content_dedupe: over.content_dedupe || m.content_dedupe,
             method: over.method.clone().or(Some(m.method)),
             forward,
             content_type: over.content_type.clone().or(content_type),

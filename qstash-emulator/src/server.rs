@@ -241,7 +241,9 @@ async fn batch(State(shared): S, ConnectInfo(peer): ConnectInfo<SocketAddr>, bod
 struct DlqQuery {
     dlq_ids: Vec<String>,
     message_id: Option<String>,
-    url: Option<String>,
+    /// Destination URLs, any of which matches (the parameter repeated, as the clients send an
+    /// array).
+    urls: Vec<String>,
     topic: Option<String>,
     queue: Option<String>,
     schedule: Option<String>,
@@ -263,7 +265,7 @@ impl DlqQuery {
             match k.as_str() {
                 "dlqIds" | "dlqIds[]" => q.dlq_ids.push(v),
                 "messageId" => q.message_id = Some(v),
-                "url" => q.url = Some(v),
+                "url" => q.urls.push(v),
                 "topicName" => q.topic = Some(v),
                 "queueName" => q.queue = Some(v),
                 "scheduleId" => q.schedule = Some(v),
@@ -298,7 +300,7 @@ impl DlqQuery {
             return self.dlq_ids.contains(&e.dlq_id);
         }
         self.message_id.as_ref().is_none_or(|v| *v == m.id)
-            && self.url.as_ref().is_none_or(|v| *v == m.url)
+            && (self.urls.is_empty() || self.urls.contains(&m.url))
             && self.topic.is_none()
             && self.schedule.is_none()
             && self.queue.as_ref().is_none_or(|v| Some(v) == m.queue.as_ref())

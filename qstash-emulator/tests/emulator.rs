@@ -664,3 +664,41 @@ async fn messages_can_be_read_and_cancelled_and_logs_show_states() {
     assert!(dest.hits_on("/later").is_empty());
     emu.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_dlq_url_filter_takes_several_urls_and_a_retry_in_the_dedupe_window_sends_nothing() {
+    let emu = emulator(0.0).await;
+    let dest = Destination::start().await;
+    let api = Api::new(&emu);
+    for (path, dedupe) in [("/a", "dedupe-a"), ("/b", "dedupe-b"), ("/c", "dedupe-c")] {
+        dest.always(path, Answer::status(500));
+        api.publish(&dest.url(path), &[("Upstash-Retries", "0"), ("Upstash-Deduplication-Id", dedupe)], "x").await;
+    }
+    assert!(emu.wait_for_dlq(3, WAIT).await);
+    let url = |path: &str| percent_encode(&dest.url(path));
+    let (_, two) = api.get(&format!("/v2/dlq?url={}&url={}", url("/a"), url("/b"))).await;
+    let urls: Vec<&str> = two["messages"].as_array().unwrap().iter().map(|m| m["url"].as_str().unwrap()).collect();
+    assert_eq!(urls, [dest.url("/a"), dest.url("/b")], "any of the urls given, and only those");
+
+    let entries = emu.dlq_entries();
+    let (status, again) = api
+        .send(reqwest::Method::POST, &format!("/v2/dlq/retry/{}", entries[0]["dlqId"].as_str().unwrap()), None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(again["deduplicated"], json!(true), "the retry kept the message's deduplication id");
+    assert_eq!(again["messageId"], entries[0]["messageId"], "the earlier message's id");
+    assert_eq!(emu.dlq_ids().len(), 2, "the entry left the DLQ");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(dest.hits_on("/a").len(), 1, "nothing was sent again");
+
+    let fresh = api
+        .req(reqwest::Method::POST, &format!("/v2/dlq/retry/{}", entries[1]["dlqId"].as_str().unwrap()))
+        .header("Upstash-Deduplication-Id", "another")
+        .send()
+        .await
+        .unwrap();
+    let fresh: Value = fresh.json().await.unwrap();
+    assert!(fresh.get("deduplicated").is_none(), "another deduplication id is sent: {fresh}");
+    assert_eq!(dest.wait_hits("/b", 2, WAIT).await.len(), 2);
+    emu.shutdown().await;
+}

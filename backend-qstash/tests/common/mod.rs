@@ -51,6 +51,11 @@ pub struct Rig {
 
 pub async fn rig_with(emulator: EmulatorBuilder, config: impl FnOnce(QStashConfig) -> QStashConfig) -> Rig {
     let emulator = Arc::new(emulator.start_local().await.expect("the emulator starts on loopback"));
+    rig_on(emulator, config).await
+}
+
+/// A rig on an emulator already running: another destination on the same QStash account.
+pub async fn rig_on(emulator: Arc<RunningEmulator>, config: impl FnOnce(QStashConfig) -> QStashConfig) -> Rig {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
     let destination = format!("http://{}/qstash", listener.local_addr().unwrap());
     let ledger = ledger().await;
