@@ -60,6 +60,46 @@ struct Entry {
 pub struct Scheduler<Q> {
     queue: Q,
     entries: Vec<Entry>,
+    clock: Clock,
+}
+
+/// Where a scheduler reads the time: the system's clock, or (for tests) one that starts at a
+/// chosen instant and advances with tokio's clock, which a test can pause and move.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    start: Option<(DateTime<Utc>, tokio::time::Instant)>,
+}
+
+impl Clock {
+    /// The system's clock.
+    pub fn system() -> Self {
+        Self { start: None }
+    }
+
+    /// A clock that reads `at` now and advances with tokio's clock: under
+    /// `#[tokio::test(start_paused = true)]` a scheduler's days pass in an instant.
+    pub fn starting_at(at: DateTime<Utc>) -> Self {
+        Self { start: Some((at, tokio::time::Instant::now())) }
+    }
+
+    /// The time now.
+    pub fn now(&self) -> DateTime<Utc> {
+        match self.start {
+            None => Utc::now(),
+            Some((at, then)) => at + then.elapsed(),
+        }
+    }
+
+    /// Sleeps until `at` (at once if it is past).
+    async fn sleep_until(&self, at: DateTime<Utc>) {
+        // Again after waking: a wall clock may have been set back meanwhile.
+        while let Ok(wait) = (at - self.now()).to_std() {
+            if wait.is_zero() {
+                return;
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
 }
 
 /// How a period appears in a key: `20261201T070000Z`.
@@ -78,7 +118,13 @@ pub fn job_for_period<J: Job>(job: &J, due: DateTime<Utc>) -> Result<NewJob> {
 impl<Q: Enqueue> Scheduler<Q> {
     /// A scheduler with no schedules, enqueueing on `queue`.
     pub fn new(queue: Q) -> Self {
-        Self { queue, entries: Vec::new() }
+        Self { queue, entries: Vec::new(), clock: Clock::system() }
+    }
+
+    /// Reads the time from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Enqueues `make(due)` at each time `cron` names in `zone` (a cron expression with seconds:
@@ -99,8 +145,8 @@ impl<Q: Enqueue> Scheduler<Q> {
 
     /// Runs every schedule until `stop` completes.
     pub async fn run_until(self, stop: impl Future<Output = ()>) {
-        let Self { queue, entries } = self;
-        let runs = futures_util::future::join_all(entries.iter().map(|entry| run_one(&queue, entry)));
+        let Self { queue, entries, clock } = self;
+        let runs = futures_util::future::join_all(entries.iter().map(|entry| run_one(&queue, entry, clock)));
         tokio::select! {
             _ = runs => {}
             () = stop => {}
@@ -108,8 +154,8 @@ impl<Q: Enqueue> Scheduler<Q> {
     }
 }
 
-async fn run_one<Q: Enqueue>(queue: &Q, entry: &Entry) {
-    let now = Utc::now().with_timezone(&entry.zone);
+async fn run_one<Q: Enqueue>(queue: &Q, entry: &Entry, clock: Clock) {
+    let now = clock.now().with_timezone(&entry.zone);
     if entry.missed == Missed::CatchUpLast {
         // The last period due before now: the first upcoming one's predecessor.
         let last = entry.cron.after(&now).next_back();
@@ -123,8 +169,7 @@ async fn run_one<Q: Enqueue>(queue: &Q, entry: &Entry) {
             info!(kind = entry.kind, "the schedule has no more periods");
             return;
         };
-        let wait = (due.with_timezone(&Utc) - Utc::now()).to_std().unwrap_or_default();
-        tokio::time::sleep(wait).await;
+        clock.sleep_until(due.with_timezone(&Utc)).await;
         enqueue(queue, entry, due).await;
         after = due;
     }
