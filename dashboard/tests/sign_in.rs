@@ -63,8 +63,8 @@ async fn a_sign_in_never_sends_the_browser_to_another_site() {
 /// The `Set-Cookie` header of `name` in a response.
 fn set_cookie(response: &reqwest::Response, name: &str) -> String {
     let prefix = format!("{name}=");
-    let cookies = response.headers().get_all("set-cookie").iter().filter_map(|v| v.to_str().ok());
-    cookies.filter(|c| c.starts_with(&prefix)).last().unwrap_or_else(|| panic!("no {name} cookie")).to_owned()
+    let mut cookies = response.headers().get_all("set-cookie").iter().filter_map(|v| v.to_str().ok());
+    cookies.rfind(|c| c.starts_with(&prefix)).unwrap_or_else(|| panic!("no {name} cookie")).to_owned()
 }
 
 /// Signs in without a cookie store (a `Secure` cookie is not sent back over http): the sign-in
