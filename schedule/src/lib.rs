@@ -32,8 +32,8 @@
 //! An enqueue that fails for a temporary reason (a dropped connection, a failover, throttling) is
 //! tried again with exponential backoff and jitter (100 ms doubling to 30 s) until the period's
 //! run is enqueued or the next period begins; the key keeps a retry whose first try did land to
-//! one job. A period still failing when the next begins is lost: logged as an error (kind and
-//! key, never the payload) and counted. A permanent failure (a payload too large, a key conflict)
+//! one job. A period still failing then is lost: logged as an error (kind and key, never the
+//! payload) and counted. A scheduler that wakes late still gives each period one try. A permanent failure (a payload too large, a key conflict)
 //! is logged and counted at once, not retried. [`Scheduler::run_until`] returns the counts
 //! ([`ScheduleStats`]), and the `metrics` facade gets them as
 //! `redrive_scheduled_runs_total{kind, outcome}`: alert on `outcome="lost"` and `"failed"`.
@@ -43,13 +43,14 @@
 //! A schedule in a zone with daylight saving runs each local time it names once:
 //!
 //! - A local time the zone skips (02:30 on the night New York springs forward from 02:00 to
-//!   03:00) is due at the end of the gap (03:00 local): a daily job still runs that day. Several
-//!   skipped times (every 15 minutes from 02:00 to 02:45) are one run there, not four.
+//!   03:00) is due at the end of the gap (03:00 local): a daily job still runs that day. Every
+//!   time that falls there (02:00 to 02:45 and 03:00 itself, for a job every 15 minutes) is one
+//!   run.
 //! - A local time the zone repeats (01:30 on the night New York falls back from 02:00 to 01:00)
 //!   is due at its first occurrence only: a daily job runs once, not twice, and an hourly job
 //!   skips the repeated hour's second pass.
 //!
-//! The key's period is the instant, in UTC, so no two periods share a key and none is run twice.
+//! The key's period is that instant, in UTC: one run per instant, none twice.
 //! Work that must run every so much real time (every hour, whatever the clocks say) belongs in
 //! `chrono_tz::UTC`, which has no transitions.
 
@@ -59,7 +60,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, ExponentialBuilder};
 use chrono::{DateTime, LocalResult, NaiveDateTime, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
 use redrive_core::{Enqueue, Error, ErrorKind, IdempotencyKey, Job, NewJob, Result};
@@ -341,22 +342,28 @@ async fn enqueue<Q: Enqueue>(
     let key = job.key.clone();
     // The last period of a schedule has no next one: it gets a day.
     let deadline = periods.next(due).unwrap_or(due + chrono::TimeDelta::days(1));
-    let backoff = ExponentialBuilder::default()
+    let mut waits = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(100))
         .with_max_delay(Duration::from_secs(30))
         .with_jitter()
-        .without_max_times();
-    let retried = (|| queue.enqueue(job.clone())).retry(backoff).when(Error::is_temporary).notify(|e, wait| {
+        .without_max_times()
+        .build();
+    // One try always, even for a scheduler that woke late; a try under way is never cut short
+    // (it may land); no new one starts once the next period has begun.
+    let mut outcome = queue.enqueue(job.clone()).await;
+    while let Err(e) = &outcome
+        && e.is_temporary()
+    {
+        let wait = waits.next().unwrap_or(Duration::from_secs(30));
+        if clock.now() + wait >= deadline {
+            counters.add(kind, Outcome::Lost);
+            return error!(kind, key = %key, error = %e, "scheduled run lost: its enqueue failed until the next period");
+        }
         counters.add(kind, Outcome::Retried);
         warn!(kind, key = %key, error = %e, ?wait, "scheduled run not enqueued yet, trying again");
-    });
-    let outcome = tokio::select! {
-        outcome = retried => outcome,
-        () = clock.sleep_until(deadline) => {
-            counters.add(kind, Outcome::Lost);
-            return error!(kind, key = %key, "scheduled run lost: its enqueue still failed when the next period began");
-        }
-    };
+        tokio::time::sleep(wait).await;
+        outcome = queue.enqueue(job.clone()).await;
+    }
     match outcome {
         Ok(done) if done.is_created() => {
             counters.add(kind, Outcome::Enqueued);
