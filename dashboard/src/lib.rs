@@ -28,6 +28,8 @@
 //!   address and 20 a minute in all, then `429 Too Many Requests` with `Retry-After`, even for
 //!   the right token, until the minute ends. Behind a proxy every client has the proxy's
 //!   address, so the limit in all is the one that holds. At most 10,000 addresses are tracked.
+//!   A [`router`](Dashboard::router) mounted in an app of your own sees addresses only when
+//!   served with `into_make_service_with_connect_info::<SocketAddr>()`; else the limit in all.
 //! - After signing in, the browser is sent only to a path on the dashboard: `next` is refused
 //!   unless it is printable ASCII starting with one `/` (no `//`, no backslash, no tab or
 //!   newline, which browsers drop, turning `/\t/evil.example` into `//evil.example`).
