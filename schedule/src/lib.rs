@@ -63,7 +63,7 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use chrono::{DateTime, LocalResult, NaiveDateTime, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
-use redrive_core::{Enqueue, Error, ErrorKind, IdempotencyKey, Job, NewJob, Result};
+use redrive_core::{Enqueue, Enqueued, Error, ErrorKind, IdempotencyKey, Job, NewJob, Result};
 use tracing::{error, info, warn};
 
 /// What a scheduler does about periods that came due while it was not running.
@@ -193,7 +193,8 @@ impl<Q: Enqueue> Scheduler<Q> {
 pub struct ScheduleStats {
     /// Periods whose run this scheduler enqueued.
     pub enqueued: u64,
-    /// Periods another scheduler had enqueued already (their key found a job).
+    /// Periods whose key found a job already: another scheduler's, or an earlier try's whose
+    /// answer was lost (or a run that failed for good, its record kept).
     pub duplicates: u64,
     /// Enqueues tried again after a temporary failure.
     pub retries: u64,
@@ -365,13 +366,17 @@ async fn enqueue<Q: Enqueue>(
         outcome = queue.enqueue(job.clone()).await;
     }
     match outcome {
-        Ok(done) if done.is_created() => {
+        Ok(Enqueued::Created(_)) => {
             counters.add(kind, Outcome::Enqueued);
             info!(kind, key = %key, "scheduled run enqueued");
         }
-        Ok(_) => {
+        Ok(Enqueued::Duplicate { .. }) => {
             counters.add(kind, Outcome::Duplicate);
-            info!(kind, key = %key, "scheduled run already enqueued by another scheduler");
+            info!(kind, key = %key, "scheduled run already enqueued (by another scheduler, or by an earlier try)");
+        }
+        Ok(Enqueued::Failed { .. }) => {
+            counters.add(kind, Outcome::Duplicate);
+            warn!(kind, key = %key, "scheduled run not enqueued: its key ran and failed for good, and its failure record is kept");
         }
         Err(e) => {
             counters.add(kind, Outcome::Failed);
