@@ -85,6 +85,13 @@ enum Command {
         /// characters; required beyond loopback).
         #[arg(long, env = "REDRIVE_DASHBOARD_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// The URL operators open; `https://…` (TLS at a proxy in front) makes its cookies Secure.
+        #[arg(long, env = "REDRIVE_DASHBOARD_URL")]
+        public_url: Option<String>,
+        /// Trust the proxy in front to set `X-Forwarded-Proto` on every request (https: Secure
+        /// cookies).
+        #[arg(long)]
+        trust_forwarded_proto: bool,
     },
     /// The queue's counts.
     Queue {
@@ -226,8 +233,8 @@ async fn main() -> ExitCode {
 
 async fn run(cli: &Cli) -> redrive_core::Result<Done> {
     let target = Target::connect(cli).await?;
-    if let Command::Serve { bind, token } = &cli.command {
-        serve(target, *bind, token.clone()).await?;
+    if let Command::Serve { bind, token, public_url, trust_forwarded_proto } = &cli.command {
+        serve(target, *bind, token.clone(), public_url.as_deref(), *trust_forwarded_proto).await?;
         return Ok(Done::Done);
     }
     let out = output::Output { json: cli.json };
@@ -265,7 +272,13 @@ async fn run(cli: &Cli) -> redrive_core::Result<Done> {
 }
 
 /// The dashboard until SIGTERM or SIGINT, its requests logged to stderr (`RUST_LOG` to change).
-async fn serve(target: Target, bind: std::net::SocketAddr, token: Option<String>) -> redrive_core::Result<()> {
+async fn serve(
+    target: Target,
+    bind: std::net::SocketAddr,
+    token: Option<String>,
+    public_url: Option<&str>,
+    trust_forwarded_proto: bool,
+) -> redrive_core::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -274,6 +287,12 @@ async fn serve(target: Target, bind: std::net::SocketAddr, token: Option<String>
     let mut dashboard = redrive_dashboard::Dashboard::new(target).with_metrics(metrics);
     if let Some(token) = token {
         dashboard = dashboard.with_token(token)?;
+    }
+    if let Some(url) = public_url {
+        dashboard = dashboard.with_public_url(url)?;
+    }
+    if trust_forwarded_proto {
+        dashboard = dashboard.trust_forwarded_proto();
     }
     let listener = tokio::net::TcpListener::bind(bind)
         .await

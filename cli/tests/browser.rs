@@ -1,6 +1,6 @@
 //! The dashboard (`redrive serve`) in a real browser: Debian's chromium driven by
 //! playwright-core, both installed by `scripts/services`, over PostgreSQL. The script
-//! (tests/browser/dashboard.cjs) signs in, reads, discards one record and replays another; this
+//! (tests/browser/dashboard.cjs) signs in, reads, discards one record and replays another, signs out; this
 //! test checks the results in the database. Screenshots land in
 //! `$CARGO_TARGET_TMPDIR/dashboard-screenshots`. A missing browser fails the test; it never skips.
 
@@ -71,7 +71,7 @@ async fn an_operator_signs_in_reads_discards_and_replays_in_chromium() {
     assert_eq!(back.len(), 1, "one job back on the queue");
     assert_eq!(back[0].job.key, replayed.key, "with its original key");
     assert_eq!(db.count_open().await.unwrap(), 2);
-    for name in ["02-overview", "04-record", "06-discarded", "08-replayed", "09-audit"] {
+    for name in ["02-overview", "04-record", "06-discarded", "08-replayed", "09-audit", "10-sign-out"] {
         assert!(shots.join(format!("{name}.png")).exists(), "screenshot {name}");
     }
 }

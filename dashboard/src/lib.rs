@@ -17,6 +17,25 @@
 //! in with it once, scrapers send it as a bearer token. Put TLS in front of it there. Every form
 //! carries a CSRF token, every page is rendered on the server with its text escaped, and no page
 //! runs a script.
+//!
+//! # Signing in
+//!
+//! - Behind TLS, say so, so that the cookies are `Secure` (a browser then never sends the
+//!   session over plain http): [`Dashboard::with_public_url`] with the `https://` URL operators
+//!   open, or [`Dashboard::trust_forwarded_proto`] when the proxy in front sets
+//!   `X-Forwarded-Proto` on every request. The header alone is not trusted: a client can send it.
+//! - Wrong tokens (at sign-in, or as a bearer token) are throttled: 5 a minute per client
+//!   address and 20 a minute in all, then `429 Too Many Requests` with `Retry-After`, even for
+//!   the right token, until the minute ends. Behind a proxy every client has the proxy's
+//!   address, so the limit in all is the one that holds. At most 10,000 addresses are tracked.
+//!   A [`router`](Dashboard::router) mounted in an app of your own sees addresses only when
+//!   served with `into_make_service_with_connect_info::<SocketAddr>()`; else the limit in all.
+//! - After signing in, the browser is sent only to a path on the dashboard: `next` is refused
+//!   unless it is printable ASCII starting with one `/` (no `//`, no backslash, no tab or
+//!   newline, which browsers drop, turning `/\t/evil.example` into `//evil.example`).
+//! - Sessions last 12 hours, in the process's memory. `/logout` signs this browser out (the
+//!   server forgets the session, the cookie is cleared) or every browser ("sign out
+//!   everywhere"). Changing the token means restarting the dashboard, which ends every session.
 
 mod auth;
 mod bulk;
@@ -24,10 +43,11 @@ mod pages;
 mod views;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -37,7 +57,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use redrive_core::{DeadLetter, Error, ErrorKind, QueueStats, Replay, Result};
 use tokio::net::TcpListener;
 
-use crate::auth::{Auth, CSRF_COOKIE};
+use crate::auth::{Auth, CSRF_COOKIE, Client, Https};
 
 /// What the dashboard needs of a backend: its failure records, replay, and its queue's counts.
 /// Every redrive backend is one.
@@ -51,12 +71,13 @@ pub struct Dashboard<B> {
     backend: B,
     token: Option<String>,
     metrics: Option<PrometheusHandle>,
+    https: Https,
 }
 
 impl<B: Records> Dashboard<B> {
     /// A dashboard over `backend`, with no token and no metrics.
     pub fn new(backend: B) -> Self {
-        Self { backend, token: None, metrics: None }
+        Self { backend, token: None, metrics: None, https: Https::default() }
     }
 
     /// Requires `token` to sign in (and as a bearer token on `/metrics`). At least 16
@@ -68,6 +89,30 @@ impl<B: Records> Dashboard<B> {
         }
         self.token = Some(token);
         Ok(self)
+    }
+
+    /// The URL operators open (`https://ops.example.com/`). An `https://` URL, TLS at a proxy in
+    /// front, makes the dashboard's cookies `Secure`.
+    pub fn with_public_url(mut self, url: &str) -> Result<Self> {
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
+        match scheme.as_deref() {
+            Some("https") => self.https.always = true,
+            Some("http") => self.https.always = false,
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!("the dashboard's public URL {url:?} is not an http:// or https:// URL"),
+                ));
+            }
+        }
+        Ok(self)
+    }
+
+    /// Trusts `X-Forwarded-Proto`: a request it says came over `https` gets `Secure` cookies.
+    /// Only behind a proxy that sets the header on every request (a client can send it too).
+    pub fn trust_forwarded_proto(mut self) -> Self {
+        self.https.forwarded = true;
+        self
     }
 
     /// Serves `/metrics` from this Prometheus recorder's handle, with the queue's depth, the
@@ -83,13 +128,14 @@ impl<B: Records> Dashboard<B> {
     pub fn router(self) -> Router {
         let app = Arc::new(App {
             backend: self.backend,
-            auth: Auth::new(self.token),
+            auth: Auth::new(self.token, self.https),
             metrics: self.metrics,
             bulk: bulk::Runs::default(),
             actions: Mutex::default(),
         });
         pages::routes::<B>()
             .route("/metrics", get(pages::metrics::<B>))
+            .route("/logout", get(auth::sign_out_page::<B>).post(auth::sign_out::<B>))
             .layer(middleware::from_fn_with_state(app.clone(), guard::<B>))
             .with_state(app)
     }
@@ -108,7 +154,9 @@ impl<B: Records> Dashboard<B> {
             ));
         }
         tracing::info!(%address, token = self.token.is_some(), "dashboard listening");
-        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await.map_err(|e| io("stopped", e))
+        // With each client's address, for the sign-in throttle.
+        let app = self.router().into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(|e| io("stopped", e))
     }
 }
 
@@ -139,18 +187,23 @@ async fn guard<B: Records>(
         _ => (auth::random_token(), true),
     };
     request.extensions_mut().insert(Csrf(csrf.clone()));
+    let client = Client(request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
+    request.extensions_mut().insert(client);
+    let https = app.auth.https(request.headers());
     let path = request.uri().path();
-    let open_path = path == "/login";
-    let mut response = if open_path || app.auth.admits(request.headers(), &jar) {
-        next.run(request).await
-    } else if request.method() == Method::GET && path != "/metrics" {
-        let back = request.uri().path_and_query().map_or("/", |p| p.as_str());
-        Redirect::to(&format!("/login?next={}", pages::encode(back))).into_response()
-    } else {
-        (StatusCode::UNAUTHORIZED, "sign in first, or send the token as a bearer token\n").into_response()
+    let admitted = if path == "/login" { Ok(true) } else { app.auth.admits(request.headers(), &jar, client) };
+    let mut response = match admitted {
+        Ok(true) => next.run(request).await,
+        Err(wait) => auth::throttled(wait),
+        Ok(false) if request.method() == Method::GET && path != "/metrics" => {
+            let back = request.uri().path_and_query().map_or("/", |p| p.as_str());
+            Redirect::to(&format!("/login?next={}", pages::encode(back))).into_response()
+        }
+        Ok(false) => (StatusCode::UNAUTHORIZED, "sign in first, or send the token as a bearer token\n").into_response(),
     };
     let headers = response.headers_mut();
-    if fresh && let Ok(value) = HeaderValue::from_str(&auth::strict_cookie(CSRF_COOKIE, csrf).to_string()) {
+    let cookie = auth::strict_cookie(CSRF_COOKIE, csrf, https);
+    if fresh && let Ok(value) = HeaderValue::from_str(&cookie.to_string()) {
         headers.append(header::SET_COOKIE, value);
     }
     // No scripts, no frames, no caching of payloads, no referrer leaking record ids to other

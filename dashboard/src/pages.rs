@@ -17,7 +17,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use redrive_core::{ErrorKind, FailureId, FailureQuery, FailureRecord, RecordState, ReplayOutcome, Severity};
 use serde::Deserialize;
 
-use crate::auth::csrf_refusal;
+use crate::auth::{Client, SignIn, csrf_refusal};
 use crate::views::{self, Action, Frame};
 use crate::{App, Csrf, Records};
 
@@ -49,11 +49,11 @@ pub(crate) fn encode(text: &str) -> String {
     utf8_percent_encode(text, UNRESERVED).to_string()
 }
 
-fn frame(title: impl Into<String>) -> Frame {
+pub(crate) fn frame(title: impl Into<String>) -> Frame {
     Frame { title: title.into() }
 }
 
-fn render(status: StatusCode, page: impl Template) -> Response {
+pub(crate) fn render(status: StatusCode, page: impl Template) -> Response {
     match page.render() {
         Ok(html) => (status, Html(html)).into_response(),
         Err(e) => {
@@ -63,7 +63,7 @@ fn render(status: StatusCode, page: impl Template) -> Response {
     }
 }
 
-fn problem(status: StatusCode, message: impl Into<String>) -> Response {
+pub(crate) fn problem(status: StatusCode, message: impl Into<String>) -> Response {
     render(status, views::Problem { frame: frame("Problem"), message: message.into() })
 }
 
@@ -511,13 +511,12 @@ struct Next {
     next: String,
 }
 
-/// Where to go after signing in: a path on this dashboard, nothing else.
+/// Where to go after signing in: a path on this dashboard, nothing else. Printable ASCII only:
+/// browsers drop tabs and newlines from a URL (`/\t/evil` is `//evil`, another site) and read
+/// a backslash as a slash; the guard sends every path here `encode`d, in that form.
 fn local_path(next: &str) -> String {
-    if next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') {
-        next.to_owned()
-    } else {
-        "/".to_owned()
-    }
+    let printable = next.bytes().all(|b| b.is_ascii_graphic() && b != b'\\');
+    if printable && next.starts_with('/') && !next.starts_with("//") { next.to_owned() } else { "/".to_owned() }
 }
 
 async fn login_page<B: Records>(
@@ -547,15 +546,16 @@ async fn login<B: Records>(
     headers: HeaderMap,
     jar: CookieJar,
     Extension(csrf): Extension<Csrf>,
+    Extension(client): Extension<Client>,
     Form(form): Form<LoginForm>,
 ) -> Response {
     if let Some(why) = csrf_refusal(&headers, &jar, &form.csrf) {
         return problem(StatusCode::FORBIDDEN, format!("Refused {why}."));
     }
-    match app.auth.sign_in(&form.token) {
-        Some(cookie) => (jar.add(cookie), Redirect::to(&local_path(&form.next))).into_response(),
-        None => {
-            tracing::warn!("dashboard sign-in refused");
+    match app.auth.sign_in(&form.token, client, app.auth.https(&headers)) {
+        SignIn::Session(cookie) => (jar.add(cookie), Redirect::to(&local_path(&form.next))).into_response(),
+        SignIn::Throttled(wait) => crate::auth::throttled(wait),
+        SignIn::Wrong => {
             let page =
                 views::Login { frame: frame("Sign in"), csrf: csrf.0, next: local_path(&form.next), refused: true };
             render(StatusCode::UNAUTHORIZED, page)

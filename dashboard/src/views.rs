@@ -266,6 +266,13 @@ pub(crate) struct Login {
 }
 
 #[derive(Template)]
+#[template(path = "sign_out.html")]
+pub(crate) struct SignOut {
+    pub(crate) frame: Frame,
+    pub(crate) csrf: String,
+}
+
+#[derive(Template)]
 #[template(path = "problem.html")]
 pub(crate) struct Problem {
     pub(crate) frame: Frame,

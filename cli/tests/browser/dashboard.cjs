@@ -1,6 +1,6 @@
 // The dashboard in a real browser (Debian's chromium, driven by playwright-core), as an operator
 // uses it: sign in, read the overview, open a record, discard one with a reason, replay another,
-// read the audit trail. A form posted from another origin must be refused. Prints what it did as
+// read the audit trail, sign out. A form posted from another origin must be refused. Prints what it did as
 // JSON on the last line; the Rust test checks the backend.
 //
 // Environment: DASHBOARD (base URL), TOKEN, REDRIVE_CHROMIUM, REDRIVE_PLAYWRIGHT (node_modules
@@ -101,6 +101,14 @@ async function shot(page, name) {
     const audit = await page.textContent('#actions');
     check(audit.includes('ada') && audit.includes('refunded by hand') && audit.includes('grace'), audit);
     await shot(page, '09-audit');
+
+    // Sign out: the header's link, then the button; every page asks to sign in again.
+    await page.click('header a:text-is("Sign out")');
+    await shot(page, '10-sign-out');
+    await page.click('#sign-out');
+    await page.waitForURL(/\/login/);
+    await page.goto(`${base}/records`);
+    check(page.url().includes('/login'), `still signed in after signing out: ${page.url()}`);
     check(dialogs.length === 0, `a script ran: ${dialogs}`);
   } finally {
     await browser.close();
