@@ -592,7 +592,8 @@ impl RunningWorker {
     }
 
     /// Stops claiming, lets running handlers finish within the configured grace, then releases
-    /// the jobs of those still running so another worker takes them at once.
+    /// the jobs of those still running (at no attempt's cost) so another worker takes them at
+    /// once. Settlements still being tried again (a busy database) stop at the grace's end too.
     pub async fn shutdown(self) -> WorkerStats {
         let grace = self.grace;
         self.shutdown_within(grace).await
