@@ -117,9 +117,12 @@ async fn flush(pool: &PgPool, sql: &Queries, batch: Vec<Request>) {
             }
         }
         Err(e) => {
-            let message = db(e, "complete").to_string();
+            // The batch's error, its retry flag kept (a deadlock or a serialization failure is
+            // temporary, and the worker tries the completion again; a broken statement is not).
+            let e = db(e, "complete");
             for r in batch {
-                let _ = r.reply.send(Err(Error::temporary(message.clone())));
+                let each = Error::new(e.kind(), e.to_string()).with_retry(e.retry());
+                let _ = r.reply.send(Err(each));
             }
         }
     }

@@ -43,7 +43,9 @@ impl SqliteConfig {
         self
     }
 
-    /// How long a statement waits for another process's write lock before it fails as busy.
+    /// How long a statement waits for another process's write lock before it fails as busy: a
+    /// temporary error, and a worker tries a settlement that meets it again while it keeps the
+    /// job's lease.
     pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
         self

@@ -41,6 +41,7 @@
 //! | 25 | [`reminders`] | a record left open: one reminder per period though two workers sweep, none after its replay |
 //! | 26 | [`expired`] | a job claimed past its deadline: dropped and counted, not run, not a record, not an alert |
 //! | 27 | [`scheduled`] | a job enqueued to run later: no earlier than asked, once, on its first attempt |
+//! | 28 | [`settle_retried`] | completions refused as busy for three leases: each job claimed once, its effect once |
 //!
 //! # Running it against your backend
 //!
@@ -75,6 +76,7 @@ mod flaky;
 mod harness;
 mod records;
 mod scenarios;
+mod settling;
 
 use std::fmt;
 use std::future::Future;
@@ -88,6 +90,7 @@ pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
 pub use records::check_record_store;
 use redrive_core::{Claim, DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};
 pub use scenarios::*;
+pub use settling::settle_retried;
 
 /// What a queue must implement to be tested.
 pub trait Queue: Enqueue + Claim + DeadLetter + Replay + Clone + 'static {}
@@ -238,7 +241,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 27] = [
+pub const SCENARIOS: [&str; 28] = [
     "replay",
     "race",
     "exhaust",
@@ -266,6 +269,7 @@ pub const SCENARIOS: [&str; 27] = [
     "reminders",
     "expired",
     "scheduled",
+    "settle_retried",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -276,7 +280,8 @@ macro_rules! suite {
         $crate::suite!(@each $subject; replay race exhaust recover key_conflict undecodable oversized
             dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims slow_handler
             stalled_heartbeat busy_never_dead_letters ledger_outage provider_key_once mixed_kinds crash_loop
-            alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled);
+            alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled
+            settle_retried);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

@@ -344,3 +344,11 @@ async fn a_replay_that_does_not_check_the_record_fails_racing_replays() {
     let violation = redrive_conformance::racing_replays(broken(&[Fault::ReplayUnchecked], timing())).await.unwrap_err();
     assert!(violation.message.contains("put the job back once"), "{violation}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_cannot_be_kept_while_a_completion_is_retried_fails_settle_retried() {
+    // Renewals that extend nothing: the job's lease lapses while its refused completion is tried
+    // again, and it is claimed a second time (the same fault a worker that gives up shows).
+    let violation = redrive_conformance::settle_retried(broken(&[Fault::RenewalsLie], timing())).await.unwrap_err();
+    assert!(violation.message.contains("claimed again"), "{violation}");
+}

@@ -9,7 +9,7 @@ use redrive_core::{
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use super::{SqliteBackend, ms, now_ms};
+use super::{CHUNK, SqliteBackend, let_others_write, ms, now_ms};
 use crate::error::db;
 use crate::sql::{self, q};
 
@@ -181,13 +181,25 @@ impl RecordStore for SqliteBackend {
 
     fn purge_records<'a>(&'a self, queue: &'a str, age: Duration) -> BoxFuture<'a, Result<u64>> {
         Box::pin(async move {
-            let purged = q(sql::broker_purge)
-                .bind(queue)
-                .bind(now_ms() - ms(age))
-                .execute(&self.inner.writer)
-                .await
-                .map_err(|e| db(e, "purge failure records"))?;
-            Ok(purged.rows_affected())
+            // In batches: the write lock held briefly, let go between them (see `CHUNK`).
+            let before = now_ms() - ms(age);
+            let mut purged = 0;
+            loop {
+                let started = std::time::Instant::now();
+                let deleted = q(sql::broker_purge)
+                    .bind(queue)
+                    .bind(before)
+                    .bind(CHUNK)
+                    .execute(&self.inner.writer)
+                    .await
+                    .map_err(|e| db(e, "purge failure records"))?
+                    .rows_affected();
+                purged += deleted;
+                if deleted < CHUNK as u64 {
+                    return Ok(purged);
+                }
+                let_others_write(started.elapsed()).await;
+            }
         })
     }
 

@@ -60,6 +60,18 @@ pub enum EffectOnce {
     AlreadyApplied(DateTime<Utc>),
 }
 
+/// Rows a maintenance write (purge, prune) deletes per transaction: the write lock is held for one
+/// batch, milliseconds, then let go (see [`let_others_write`]).
+pub(crate) const CHUNK: i64 = 500;
+
+/// Between two batches of a maintenance write, the write lock is left free for as long as the
+/// last batch held it (at least 5 ms). This process's writes queue for the connection and get it
+/// at once; another process's wait in SQLite's busy handler, which looks again only every few
+/// (up to 100) milliseconds, and would rarely find a gap of microseconds.
+pub(crate) async fn let_others_write(held: Duration) {
+    tokio::time::sleep(held.max(Duration::from_millis(5))).await;
+}
+
 fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
 }
@@ -82,6 +94,22 @@ fn provider_key_from(s: &str) -> Result<ProviderKey> {
 
 fn json_from(s: &str, what: &str) -> Result<Value> {
     serde_json::from_str(s).map_err(|_| stored(what))
+}
+
+/// A stored key, or for one that does not read back a stand-in naming its job.
+fn key_or_stand_in(stored: String, job: i64) -> IdempotencyKey {
+    key_from(stored)
+        .unwrap_or_else(|_| IdempotencyKey::parse(format!("redrive_unreadable:job={job}")).expect("a canonical key"))
+}
+
+/// A stored payload: its JSON, or the text as it is where it is not JSON.
+fn payload_as_stored(stored: String) -> Value {
+    serde_json::from_str(&stored).unwrap_or(Value::String(stored))
+}
+
+/// A stored error history; one that does not read back is left out rather than fail a record.
+fn history(stored: &str) -> Vec<AttemptError> {
+    serde_json::from_str(stored).unwrap_or_default()
 }
 
 fn parse_id(id: &str) -> Result<i64> {
@@ -182,11 +210,13 @@ impl SqliteBackend {
     /// as old; returns how many jobs. Run it now and then, or the file keeps every job ever done.
     /// The age is the dedupe window it leaves: a key enqueued again after its job was pruned makes
     /// a new job. Alert keys stay with their records (see `purge`).
+    /// It deletes in batches, each its own short transaction, so that other writers (this
+    /// process's completions, other processes) get the write lock between them.
     pub async fn prune_done(&self, older_than: Duration) -> Result<u64> {
-        const CHUNK: i64 = 5_000;
         let before = now_ms() - ms(older_than);
         let mut pruned = 0;
         loop {
+            let started = std::time::Instant::now();
             let mut tx = self.write().await?;
             let step = |e| db(e, "prune");
             q(sql::prune_done_keys).bind(before).bind(CHUNK).execute(&mut *tx).await.map_err(step)?;
@@ -201,6 +231,7 @@ impl SqliteBackend {
             if done < CHUNK as u64 && keys < CHUNK as u64 && effects < CHUNK as u64 {
                 return Ok(pruned);
             }
+            let_others_write(started.elapsed()).await;
         }
     }
 
@@ -251,7 +282,7 @@ impl SqliteBackend {
             .await
             .map_err(|e| db(e, "claim"))?;
         tx.commit().await.map_err(|e| db(e, "commit claim"))?;
-        let mut claimed = rows.iter().map(|row| claimed_from(row, &token)).collect::<Result<Vec<_>>>()?;
+        let mut claimed: Vec<Claimed> = rows.iter().map(|row| claimed_from(row, &token)).collect();
         claimed.sort_by_key(|c| c.job.id.0.parse::<i64>().unwrap_or_default());
         Ok(claimed)
     }
@@ -297,39 +328,89 @@ async fn enqueue_on(conn: &mut SqliteConnection, job: &NewJob, fingerprint: &str
 }
 
 /// A claimed row. The row is its key's ledger entry, and the claim took the key: the hold is the
-/// lease, resumed when an earlier claim may have started the effect.
-fn claimed_from(row: &SqliteRow, token: &str) -> Result<Claimed> {
+/// lease, resumed when an earlier claim may have started the effect. A row that does not read
+/// back (written by hand, or by something else) is claimed all the same, marked undecodable with
+/// stand-ins for what did not read: the worker makes it a failure record, and the rest of the
+/// batch runs. Failing the whole claim instead would strand the batch's other jobs behind it, at
+/// every claim, for ever.
+fn claimed_from(row: &SqliteRow, token: &str) -> Claimed {
+    // The rowid: always an integer.
     let id = JobId(row.get::<i64, _>("id").to_string());
     let lease = Lease { job_id: id.clone(), token: token.to_owned() };
-    let key = key_from(row.get("idempotency_key"))?;
-    let provider_key = provider_key_from(&row.get::<String, _>("provider_key"))?;
-    let hold = Hold { key: key.clone(), token: token.to_owned(), provider_key, lease: Some(lease.clone()) };
-    let begun = if row.get::<i64, _>("claims") > 1 { Begin::Resumed(hold) } else { Begin::Fresh(hold) };
+    match read_claimed(row, &id, &lease) {
+        Ok(claimed) => claimed,
+        Err(e) => {
+            tracing::warn!(job = %id, error = %e, "a claimed job does not read back: it becomes a failure record");
+            Claimed { job: unreadable_job(row, id, e.message().to_owned()), lease, begun: None }
+        }
+    }
+}
+
+fn read_claimed(row: &SqliteRow, id: &JobId, lease: &Lease) -> Result<Claimed> {
+    let token = &lease.token;
+    let key = key_from(column(row, "idempotency_key", "key")?)?;
+    let provider_key = provider_key_from(&column::<String>(row, "provider_key", "provider key")?)?;
+    let hold = Hold { key: key.clone(), token: token.clone(), provider_key, lease: Some(lease.clone()) };
+    let claims: i64 = column(row, "claims", "claim count")?;
+    let begun = if claims > 1 { Begin::Resumed(hold) } else { Begin::Fresh(hold) };
     Ok(Claimed {
         job: JobRecord {
-            id,
-            kind: row.get("kind"),
+            id: id.clone(),
+            kind: column(row, "kind", "kind")?,
             key,
             provider_key,
-            payload: json_from(&row.get::<String, _>("payload"), "payload")?,
-            attempt: row.get::<i64, _>("attempts").max(0) as u32,
-            cap: row.get::<i64, _>("cap").max(0) as u32,
-            severity: Severity::from_name(&row.get::<String, _>("severity")).unwrap_or_default(),
-            enqueued_at: time(row.get("created_at")),
-            deadline: row.get::<Option<i64>, _>("deadline").map(time),
+            payload: json_from(&column::<String>(row, "payload", "payload")?, "payload")?,
+            attempt: column::<i64>(row, "attempts", "attempt count")?.max(0) as u32,
+            cap: column::<i64>(row, "cap", "cap")?.max(0) as u32,
+            severity: Severity::from_name(&column::<String>(row, "severity", "severity")?).unwrap_or_default(),
+            enqueued_at: time(column(row, "created_at", "enqueue time")?),
+            deadline: column::<Option<i64>>(row, "deadline", "deadline")?.map(time),
             // Held back until then by `ready_at`.
             not_before: None,
-            stranded: row.get::<i64, _>("stranded").max(0) as u32,
+            stranded: column::<i64>(row, "stranded", "stranded count")?.max(0) as u32,
             undecodable: None,
         },
-        lease,
+        lease: lease.clone(),
         begun: Some(begun),
     })
 }
 
+/// A column's value, or a `Decode` error naming it (never its value).
+fn column<'r, T: sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>>(
+    row: &'r SqliteRow,
+    name: &str,
+    what: &str,
+) -> Result<T> {
+    row.try_get(name).map_err(|_| stored(what))
+}
+
+/// A job that does not read back, with stand-ins for what did not: only its record is made of it.
+fn unreadable_job(row: &SqliteRow, id: JobId, why: String) -> JobRecord {
+    let key = key_or_stand_in(column(row, "idempotency_key", "key").unwrap_or_default(), id.0.parse().unwrap_or(0));
+    JobRecord {
+        id,
+        kind: column(row, "kind", "kind").unwrap_or_default(),
+        key,
+        provider_key: column::<String>(row, "provider_key", "provider key")
+            .and_then(|s| provider_key_from(&s))
+            .unwrap_or_else(|_| ProviderKey::from_uuid(Uuid::nil())),
+        payload: Value::Null,
+        attempt: column::<i64>(row, "attempts", "attempt count").map_or(1, |n| n.max(1) as u32),
+        cap: column::<i64>(row, "cap", "cap").map_or(1, |n| n.max(1) as u32),
+        severity: Severity::default(),
+        enqueued_at: Utc::now(),
+        deadline: None,
+        not_before: None,
+        stranded: 0,
+        undecodable: Some(why),
+    }
+}
+
+/// A record as stored. Its job may not have read back (see [`claimed_from`]): what does not read
+/// is shown as it is (a payload that is not JSON as a string, for a person to read and fix), so
+/// that one bad record never fails a listing.
 fn record_from(row: &SqliteRow) -> Result<FailureRecord> {
-    let errors: Vec<AttemptError> =
-        serde_json::from_str(&row.get::<String, _>("errors")).map_err(|_| stored("error history"))?;
+    let errors: Vec<AttemptError> = history(&row.get::<String, _>("errors"));
     let state = match row.get::<String, _>("state").as_str() {
         "open" => RecordState::Open,
         "replayed" => RecordState::Replayed { at: time(row.get::<Option<i64>, _>("closed_at").unwrap_or_default()) },
@@ -343,9 +424,10 @@ fn record_from(row: &SqliteRow) -> Result<FailureRecord> {
         id: FailureId(row.get::<i64, _>("id").to_string()),
         job_id: JobId(row.get::<i64, _>("job_id").to_string()),
         kind: row.get("kind"),
-        key: key_from(row.get("idempotency_key"))?,
-        provider_key: provider_key_from(&row.get::<String, _>("provider_key"))?,
-        payload: json_from(&row.get::<String, _>("payload"), "payload")?,
+        key: key_or_stand_in(row.get("idempotency_key"), row.get("job_id")),
+        provider_key: provider_key_from(&row.get::<String, _>("provider_key"))
+            .unwrap_or_else(|_| ProviderKey::from_uuid(Uuid::nil())),
+        payload: payload_as_stored(row.get("payload")),
         last_error: row.get("last_error"),
         errors,
         attempts: row.get::<i64, _>("attempts").max(0) as u32,
@@ -478,23 +560,26 @@ impl Claim for SqliteBackend {
             .await
             .map_err(|e| db(e, "dead-letter"))?
             .ok_or_else(|| lease_lost(lease))?;
-        let attempts = row.get::<i64, _>("attempts").max(0) as u32;
-        let mut errors: Vec<AttemptError> =
-            serde_json::from_str(&row.get::<String, _>("errors")).map_err(|_| stored("error history"))?;
+        // Read leniently: the job may be one that did not read back (see `claimed_from`), and
+        // its record must be written all the same.
+        let attempts = column::<i64>(&row, "attempts", "attempt count").unwrap_or(1).max(0) as u32;
+        let mut errors = history(&column::<String>(&row, "errors", "error history").unwrap_or_default());
         errors.push(AttemptError { attempt: attempts, at: now, error: error.to_owned() });
         let first_failed_at = errors.first().map_or(now, |e| e.at);
         let history = serde_json::to_string(&errors).map_err(|_| stored("error history"))?;
+        let text = |name: &str| column::<String>(&row, name, name).unwrap_or_default();
+        let cap = column::<i64>(&row, "cap", "cap").unwrap_or(i64::from(attempts));
         let inserted = q(sql::record)
             .bind(id)
-            .bind(row.get::<String, _>("kind"))
-            .bind(row.get::<String, _>("idempotency_key"))
-            .bind(row.get::<String, _>("provider_key"))
-            .bind(row.get::<String, _>("payload"))
+            .bind(text("kind"))
+            .bind(text("idempotency_key"))
+            .bind(text("provider_key"))
+            .bind(text("payload"))
             .bind(error.to_owned())
             .bind(history)
             .bind(i64::from(attempts))
-            .bind(row.get::<i64, _>("cap"))
-            .bind(row.get::<String, _>("severity"))
+            .bind(cap)
+            .bind(text("severity"))
             .bind(first_failed_at.timestamp_millis())
             .bind(now.timestamp_millis())
             .fetch_one(&mut *tx)
@@ -505,15 +590,16 @@ impl Claim for SqliteBackend {
         Ok(Some(FailureRecord {
             id: FailureId(record_id.to_string()),
             job_id: lease.job_id.clone(),
-            kind: row.get("kind"),
-            key: key_from(row.get("idempotency_key"))?,
-            provider_key: provider_key_from(&row.get::<String, _>("provider_key"))?,
-            payload: json_from(&row.get::<String, _>("payload"), "payload")?,
+            kind: text("kind"),
+            key: key_or_stand_in(text("idempotency_key"), id),
+            provider_key: provider_key_from(&text("provider_key"))
+                .unwrap_or_else(|_| ProviderKey::from_uuid(Uuid::nil())),
+            payload: payload_as_stored(text("payload")),
             last_error: error.to_owned(),
             errors,
             attempts,
-            cap: row.get::<i64, _>("cap").max(0) as u32,
-            severity: Severity::from_name(&row.get::<String, _>("severity")).unwrap_or_default(),
+            cap: cap.max(0) as u32,
+            severity: Severity::from_name(&text("severity")).unwrap_or_default(),
             first_failed_at,
             last_failed_at: now,
             state: RecordState::Open,
@@ -584,18 +670,30 @@ impl DeadLetter for SqliteBackend {
     }
 
     async fn purge(&self, age: Duration) -> Result<u64> {
-        let mut tx = self.write().await?;
-        let purged =
-            q(sql::purge).bind(now_ms() - ms(age)).fetch_all(&mut *tx).await.map_err(|e| db(e, "purge records"))?;
-        for row in &purged {
-            let (record, job): (i64, i64) = (row.get("id"), row.get("job_id"));
-            let step = |e| db(e, "purge a record's job and keys");
-            q(sql::purge_alerts).bind(record.to_string()).execute(&mut *tx).await.map_err(step)?;
-            q(sql::purge_job_key).bind(job).execute(&mut *tx).await.map_err(step)?;
-            q(sql::purge_job).bind(job).execute(&mut *tx).await.map_err(step)?;
+        // In batches, each its own transaction: one transaction over every record would hold the
+        // write lock for as long as it takes, and every other writer (this process's completions
+        // queue behind it; another process's fail as busy) would wait that long.
+        let before = now_ms() - ms(age);
+        let mut purged = 0;
+        loop {
+            let started = std::time::Instant::now();
+            let mut tx = self.write().await?;
+            let rows =
+                q(sql::purge).bind(before).bind(CHUNK).fetch_all(&mut *tx).await.map_err(|e| db(e, "purge records"))?;
+            for row in &rows {
+                let (record, job): (i64, i64) = (row.get("id"), row.get("job_id"));
+                let step = |e| db(e, "purge a record's job and keys");
+                q(sql::purge_alerts).bind(record.to_string()).execute(&mut *tx).await.map_err(step)?;
+                q(sql::purge_job_key).bind(job).execute(&mut *tx).await.map_err(step)?;
+                q(sql::purge_job).bind(job).execute(&mut *tx).await.map_err(step)?;
+            }
+            tx.commit().await.map_err(|e| db(e, "commit purge"))?;
+            purged += rows.len() as u64;
+            if (rows.len() as i64) < CHUNK {
+                return Ok(purged);
+            }
+            let_others_write(started.elapsed()).await;
         }
-        tx.commit().await.map_err(|e| db(e, "commit purge"))?;
-        Ok(purged.len() as u64)
     }
 }
 

@@ -5,6 +5,7 @@
 //! whatever the heartbeat setting. If a renewal cannot get through before the hold would lapse,
 //! the handler is cancelled first: two attempts of one key never run at once.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -20,7 +21,7 @@ use crate::alert::BoxFuture;
 use crate::backend::{Begin, Claim, Claimed, DeadLetter, Hold, Lease, Ledger, Renew};
 use crate::error::{ErrorKind, Result};
 use crate::job::{JobContext, JobError};
-use crate::policy::{Decision, Outcome};
+use crate::policy::{Backoff, Decision, Outcome};
 
 /// A claimed job as its attempt goes: its lease as last renewed, and until when its key is held.
 struct Attempt<'a> {
@@ -88,20 +89,20 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             // workers that each run some kinds): hand it back, at no cost to the job.
             info!("no handler for this kind here; handed back for a worker that has one");
             self.counters.add_for(Count::Deferred, &job.kind, 1);
-            return self.settle(self.queue.defer(&claimed.lease, self.config.poll).await);
+            return self.settle("hand back", || self.queue.defer(&claimed.lease, self.config.poll)).await;
         };
         let now = chrono::Utc::now();
         if let Some(wait) = job.not_before.and_then(|at| (at - now).to_std().ok()).filter(|w| !w.is_zero()) {
             // Received before its time (a broker's delay is capped): back until then, no attempt.
             info!(due_in_ms = wait.as_millis() as u64, "not due yet; put back until its time");
             self.counters.add_for(Count::Deferred, &job.kind, 1);
-            return self.settle(self.queue.defer(&claimed.lease, wait).await);
+            return self.settle("put back", || self.queue.defer(&claimed.lease, wait)).await;
         }
         if job.deadline.is_some_and(|deadline| deadline < now) {
             // Worthless late: dropped, counted, not run, not a failure.
             info!("dropped unrun: claimed past its deadline");
             self.counters.add_for(Count::Expired, &job.kind, 1);
-            return self.settle(self.queue.complete(&claimed.lease, None).await);
+            return self.settle("drop", || self.queue.complete(&claimed.lease, None)).await;
         }
         // The hold starts when the ledger takes it: no later than now.
         let asked = Instant::now();
@@ -115,7 +116,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             Ok(Begin::Done(_)) => {
                 info!("skipped: the effect of this key is already done");
                 self.counters.add_for(Count::Skipped, &job.kind, 1);
-                return self.settle(self.queue.complete(&claimed.lease, None).await);
+                return self.settle("complete", || self.queue.complete(&claimed.lease, None)).await;
             }
             Ok(Begin::Busy(held_for)) => {
                 // Not a failure, and never a dead letter: another attempt is doing the work. Look
@@ -126,7 +127,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 let delay = held_for.min(self.config.lease / 3) + Duration::from_millis(10);
                 info!(retry_in_ms = delay.as_millis() as u64, "deferred: another attempt holds this key");
                 self.counters.add_for(Count::Deferred, &job.kind, 1);
-                return self.settle(self.queue.defer(&claimed.lease, delay).await);
+                return self.settle("defer", || self.queue.defer(&claimed.lease, delay)).await;
             }
             Err(e) if e.kind() == ErrorKind::KeyConflict => {
                 return self.dead_letter(&claimed, &format!("key reused with a different payload: {e}")).await;
@@ -136,7 +137,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 let delay = self.infra.failed(self.config.lease);
                 warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "effect ledger unavailable; deferred");
                 self.counters.add_for(Count::Deferred, &job.kind, 1);
-                return self.settle(self.queue.defer(&claimed.lease, delay).await);
+                return self.settle("defer", || self.queue.defer(&claimed.lease, delay)).await;
             }
         };
         self.infra.ok();
@@ -188,32 +189,36 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         metrics::histogram!("redrive_handler_seconds", "kind" => job.kind.clone()).record(took.as_secs_f64());
         drop(slot); // the handler is done: the next one may start while this one settles
         self.taken.notify_waiters(); // an idle handler is room for a claim
-        let result = match ran {
-            Ran::Finished(result) => result,
-            Ran::Abandoned => {
-                self.release_hold(&hold).await;
-                info!("interrupted by shutdown; released for another worker");
-                self.counters.add_for(Count::Released, &job.kind, 1);
-                // The handler started, so the attempt counts, like any failed one.
-                let lease = attempt.lease();
-                return self.settle(self.queue.retry(&lease, Duration::ZERO, "interrupted by shutdown").await);
-            }
-            Ran::HoldLapsing => {
-                warn!("the key's hold could not be renewed: the handler was cancelled before it lapsed");
-                self.counters.add_for(Count::Cancelled, &job.kind, 1);
-                Err(JobError::retry("cancelled: the key's hold could not be renewed before it lapsed"))
-            }
-        };
         let settle = async {
+            let result = match ran {
+                Ran::Finished(result) => result,
+                Ran::Abandoned => {
+                    self.release_hold(&hold).await;
+                    info!("interrupted by shutdown; released for another worker at no attempt's cost");
+                    self.counters.add_for(Count::Released, &job.kind, 1);
+                    // Not charged: the job did not fail, the worker stopped. Charged, a job longer
+                    // than the grace would end as a record after `cap` deploys. The key stays
+                    // pending, so the next attempt knows it resumes.
+                    return self.settle("release", || async { self.hand_back(&attempt.lease()).await }).await;
+                }
+                Ran::HoldLapsing => {
+                    warn!("the key's hold could not be renewed: the handler was cancelled before it lapsed");
+                    self.counters.add_for(Count::Cancelled, &job.kind, 1);
+                    Err(JobError::retry("cancelled: the key's hold could not be renewed before it lapsed"))
+                }
+            };
             let outcome = match result {
                 Ok(value) if hold.lease.is_some() => {
-                    // The hold is the job's lease: done with its result in one fenced write.
+                    // The hold is the job's lease: done with its result in one fenced write, the
+                    // one write that marks the effect done: it must get through.
                     debug!("done");
                     self.counters.add_for(Count::Succeeded, &job.kind, 1);
-                    return self.settle(self.queue.complete(&attempt.lease(), Some(&value)).await);
+                    return self
+                        .settle("complete", || async { self.queue.complete(&attempt.lease(), Some(&value)).await })
+                        .await;
                 }
                 Ok(value) => {
-                    if let Err(e) = self.ledger.finish(&hold, &value).await {
+                    if let Err(e) = self.retrying("mark the effect done", || self.ledger.finish(&hold, &value)).await {
                         // The effect happened; a next delivery would see the key pending and resume.
                         error!(error = %e, "could not mark the effect done in the ledger");
                     }
@@ -232,6 +237,16 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         tokio::select! {
             () = settle => {}
             () = self.keep_lease_while_settling(&attempt) => unreachable!("it never returns"),
+        }
+    }
+
+    /// Gives a job back without charging its attempt. Where a release keeps the attempt (SQS
+    /// counts the receive), a deferral without delay gives it back.
+    pub(super) async fn hand_back(&self, lease: &Lease) -> Result<()> {
+        if self.caps.release_refunds {
+            self.queue.release(lease).await
+        } else {
+            self.queue.defer(lease, Duration::ZERO).await
         }
     }
 
@@ -259,11 +274,12 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         }
     }
 
-    /// Beside a settlement that takes long (a database stall), keeps the job's lease alive: a
-    /// quick handler's job is still on its short claim lease, and must not be taken again while
-    /// its result is being written. It renews when a third of the claim lease is left on the
-    /// current lease, not before: a settlement done by then (almost all of them) costs a timer
-    /// and nothing more.
+    /// Beside a settlement that takes long (a database stall, a settlement tried again), keeps the
+    /// job's lease alive: a quick handler's job is still on its short claim lease, and must not be
+    /// taken again while its result is being written. It renews when a third of the claim lease
+    /// is left on the current lease, not before: a settlement done by then (almost all of them)
+    /// costs a timer and nothing more. A renewal that fails (the same busy database) is tried
+    /// again soon, several times before the lease lapses; one that finds the lease gone stops.
     async fn keep_lease_while_settling(&self, attempt: &Attempt<'_>) {
         let margin = (self.claim_lease / 3).max(Duration::from_millis(10));
         let mut next = attempt.lease_until() - margin;
@@ -272,10 +288,14 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             if let Some(renewal) = self.queue.renewal() {
                 match renewal.renew(&attempt.lease(), self.config.lease).await {
                     Ok(lease) => attempt.renewed(lease),
-                    Err(e) => debug!(error = %e, "could not extend the lease of a job being settled"),
+                    Err(e) if e.kind() == ErrorKind::LeaseLost => return std::future::pending().await,
+                    Err(e) => {
+                        debug!(error = %e, "could not extend the lease of a job being settled; trying again");
+                        next = Instant::now() + margin / 8;
+                        continue;
+                    }
                 }
             }
-            // At least a margin apart, should a renewal fail.
             next = (attempt.lease_until() - margin).max(Instant::now() + margin);
         }
     }
@@ -397,13 +417,13 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             Decision::Complete => {
                 debug!("done");
                 self.counters.add_for(Count::Succeeded, &job.kind, 1);
-                self.settle(self.queue.complete(&attempt.lease(), None).await);
+                self.settle("complete", || async { self.queue.complete(&attempt.lease(), None).await }).await;
             }
             Decision::RetryIn(delay) => {
                 let error = error_of(&outcome);
                 warn!(error, retry_in_ms = delay.as_millis() as u64, "attempt failed; retrying");
                 self.counters.add_for(Count::Retried, &job.kind, 1);
-                self.settle(self.queue.retry(&attempt.lease(), delay, error).await);
+                self.settle("retry", || async { self.queue.retry(&attempt.lease(), delay, error).await }).await;
             }
             Decision::DeadLetter => self.dead_letter(&attempt.claimed(), error_of(&outcome)).await,
         }
@@ -412,7 +432,10 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     async fn dead_letter(&self, claimed: &Claimed, error: &str) {
         let record = match self.queue.dead_letter(claimed, error).await {
             Ok(record) => record,
-            Err(e) => return self.settle(Err(e)),
+            // Not tried again: on a broker a record is a message sent and one deleted, and a retry
+            // after the send got through would send a second. A job whose record was not written
+            // comes back after its lease, with no effect to repeat, and ends as a record then.
+            Err(e) => return self.settled("write the failure record", Err(e)),
         };
         self.counters.add_for(Count::DeadLettered, &claimed.job.kind, 1);
         match record {
@@ -428,14 +451,52 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         }
     }
 
-    pub(super) fn settle(&self, result: Result<()>) {
+    /// Settles a job with `call` (a completion, a retry, a deferral, a release), tried again
+    /// while it fails for a temporary reason (a busy or locked database, a deadlock, a lost
+    /// connection; the error's retry flag says). A settlement given up leaves the job to come back
+    /// after its lease; where the claim took the key (SQLite, Postgres), a completion is the one
+    /// write that marks the effect done, so the job would run again. A handler's job keeps its
+    /// lease meanwhile (`keep_lease_while_settling`).
+    pub(super) async fn settle<F, Fut>(&self, what: &str, call: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<()>>,
+    {
+        self.settled(what, self.retrying(what, call).await);
+    }
+
+    /// Runs `call` until it succeeds, fails for good, finds its lease taken, or shutdown's grace
+    /// ends, pausing between tries (from 20 ms up to 2 s).
+    pub(super) async fn retrying<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let pause = Backoff { base: Duration::from_millis(20), max: Duration::from_secs(2), ..Backoff::default() };
+        let mut failures = 0;
+        loop {
+            let error = match call().await {
+                Err(e) if e.is_temporary() && e.kind() != ErrorKind::LeaseLost && !self.abandon.is_cancelled() => e,
+                done => return done,
+            };
+            failures += 1;
+            warn!(error = %error, failures, "could not {what}; trying again while the lease is kept");
+            tokio::select! {
+                () = tokio::time::sleep(pause.delay(failures)) => {}
+                () = self.abandon.cancelled() => {}
+            }
+        }
+    }
+
+    /// Logs how a settlement ended.
+    pub(super) fn settled(&self, what: &str, result: Result<()>) {
         match result {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::LeaseLost => {
                 warn!("lease lost: another worker holds this job now; nothing was changed");
                 self.counters.add(Count::LeaseLost, 1);
             }
-            Err(e) => error!(error = %e, "could not settle the job; it returns after its lease"),
+            Err(e) => error!(error = %e, "could not {what}; the job returns after its lease"),
         }
     }
 }

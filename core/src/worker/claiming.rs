@@ -307,14 +307,8 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     async fn give_back(&self, claimed: &Claimed) {
         debug!("handed back before it started");
         self.counters.add_for(Count::HandedBack, &claimed.job.kind, 1);
-        // Its handler never ran: the job must not pay for it. Where a release keeps the attempt
-        // (SQS counts the receive), a deferral without delay gives it back.
-        let given_back = if self.caps.release_refunds {
-            self.queue.release(&claimed.lease).await
-        } else {
-            self.queue.defer(&claimed.lease, Duration::ZERO).await
-        };
-        self.settle(given_back);
+        // Its handler never ran: the job must not pay for it.
+        self.settle("hand back", || self.hand_back(&claimed.lease)).await;
     }
 }
 

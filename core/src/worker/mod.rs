@@ -64,7 +64,9 @@ pub struct WorkerConfig {
     /// Delays between attempts.
     pub backoff: Backoff,
     /// On shutdown, how long running handlers get to finish before their jobs are released
-    /// (default 30 s).
+    /// (default 30 s). A released job is not charged an attempt: it did not fail, its worker
+    /// stopped, and a job longer than the grace must not end as a record after a few deploys. It
+    /// runs again from the start (its key resumed) on another worker.
     pub shutdown_grace: Duration,
     /// How often the worker looks for failure records whose alert was not delivered (a sink
     /// that kept failing, a worker that died between the record and its alert), and delivers
@@ -111,7 +113,7 @@ pub struct WorkerStats {
     pub retried: u64,
     /// Failure records written.
     pub dead_lettered: u64,
-    /// Running jobs given back when the shutdown grace ran out.
+    /// Running jobs given back when the shutdown grace ran out, at no attempt's cost.
     pub released: u64,
     /// Claimed jobs given back before they started: at shutdown, or after waiting half their
     /// lease in the buffer.
@@ -235,7 +237,17 @@ impl<J: Job, H: Handler<J>> Erased for Typed<J, H> {
     fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String> {
         // The message names the field and the expected type, never the value: it is logged,
         // stored as the record's last error and alerted.
-        let job = crate::decode::payload::<J>(payload)?;
+        // A decoder is code too (a custom `Deserialize`): its panic is an undecodable payload,
+        // recorded at once, not a task that dies and leaves the job to wait out its lease.
+        let job = match std::panic::catch_unwind(AssertUnwindSafe(|| crate::decode::payload::<J>(payload))) {
+            Ok(decoded) => decoded?,
+            Err(panic) => {
+                return Err(match panic_message(panic.as_ref()) {
+                    Some(message) => format!("the decoder panicked: {message}"),
+                    None => "the decoder panicked".to_owned(),
+                });
+            }
+        };
         // A handler runs code before it returns its future (a closure's body up to `async`). A
         // panic there must end this attempt like one inside the future, not the worker's task:
         // otherwise nothing settles the job and it waits out its lease, its panic message lost.
@@ -249,11 +261,15 @@ impl<J: Job, H: Handler<J>> Erased for Typed<J, H> {
 /// A failed attempt for a handler that panicked, keeping the panic's message (the handler
 /// author's words) when it is a string, as `panic!` and `expect` make it.
 fn panicked(panic: Box<dyn std::any::Any + Send>) -> JobError {
-    let message = panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str));
-    match message {
+    match panic_message(panic.as_ref()) {
         Some(message) => JobError::retry(format!("the handler panicked: {message}")),
         None => JobError::retry("the handler panicked"),
     }
+}
+
+/// A panic's message, when it is a string (as `panic!` and `expect` make it).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> Option<&str> {
+    panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str))
 }
 
 /// Builds a [`Worker`]: the queue to claim from, the ledger, the handlers, the alert sinks.
@@ -439,6 +455,7 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
                 taken: Notify::new(),
                 handed_off: Notify::new(),
                 slots,
+                abandon: CancellationToken::new(),
             }),
         }
     }
@@ -475,6 +492,9 @@ struct Shared<Q, L> {
     handed_off: Notify,
     /// A permit per handler running.
     slots: Arc<Semaphore>,
+    /// Cancelled when shutdown's grace ends: running handlers are released, and settlements
+    /// failing for a temporary reason are not tried again.
+    abandon: CancellationToken,
 }
 
 impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> Worker<Q, L> {
@@ -498,13 +518,13 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> Worker<Q, L> {
     /// Spawns the worker on the current Tokio runtime.
     pub fn start(self) -> RunningWorker {
         let stop = CancellationToken::new();
-        let abandon = CancellationToken::new();
+        let abandon = self.shared.abandon.clone();
         let tracker = TaskTracker::new();
         let shared = Arc::clone(&self.shared);
         let counters: Arc<dyn Fn() -> WorkerStats + Send + Sync> = Arc::new(move || shared.counters.snapshot());
         let grace = self.shared.config.shutdown_grace;
         let main = tokio::spawn(claiming::claim_loop(self.shared, stop.clone(), abandon.clone(), tracker.clone()));
-        RunningWorker { stop, abandon, tracker, main, grace, stats: counters }
+        RunningWorker { stop, abandon, tracker, main: Some(main), grace, stats: counters }
     }
 
     /// Runs until `signal` resolves, then shuts down gracefully. Returns the final counters.
@@ -515,14 +535,54 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> Worker<Q, L> {
     }
 }
 
-/// A started worker.
+/// A started worker. Shut it down with [`shutdown`](Self::shutdown) (or
+/// [`run_until_signal`](Self::run_until_signal)) to wait for it; dropped without that, it shuts
+/// down the same way in the background: it stops claiming, its running handlers get the grace to
+/// finish, and the jobs of those still running are then released. A worker is never left running
+/// with nothing that can stop it.
+#[must_use = "a RunningWorker dropped at once shuts its worker down"]
 pub struct RunningWorker {
     stop: CancellationToken,
     abandon: CancellationToken,
     tracker: TaskTracker,
-    main: tokio::task::JoinHandle<()>,
+    /// The claim loop; taken by the shutdown, so that a drop after it does nothing.
+    main: Option<tokio::task::JoinHandle<()>>,
     grace: Duration,
     stats: Arc<dyn Fn() -> WorkerStats + Send + Sync>,
+}
+
+impl Drop for RunningWorker {
+    fn drop(&mut self) {
+        let Some(main) = self.main.take() else { return };
+        self.stop.cancel();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                info!("worker dropped without a shutdown: shutting it down in the background");
+                runtime.spawn(wind_down(main, self.tracker.clone(), self.abandon.clone(), self.grace));
+            }
+            // No runtime left to run the grace in: its tasks are gone with it.
+            Err(_) => self.abandon.cancel(),
+        }
+    }
+}
+
+/// Waits for the claim loop to stop, gives running handlers `grace` to finish, then releases the
+/// jobs of those still running and waits for their settlement.
+async fn wind_down(
+    main: tokio::task::JoinHandle<()>,
+    tracker: TaskTracker,
+    abandon: CancellationToken,
+    grace: Duration,
+) {
+    if let Err(e) = main.await {
+        error!(error = %e, "worker claim loop panicked");
+    }
+    tracker.close();
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        info!("shutdown grace over: releasing the jobs still running");
+        abandon.cancel();
+        tracker.wait().await;
+    }
 }
 
 impl RunningWorker {
@@ -532,7 +592,8 @@ impl RunningWorker {
     }
 
     /// Stops claiming, lets running handlers finish within the configured grace, then releases
-    /// the jobs of those still running so another worker takes them at once.
+    /// the jobs of those still running (at no attempt's cost) so another worker takes them at
+    /// once. Settlements still being tried again (a busy database) stop at the grace's end too.
     pub async fn shutdown(self) -> WorkerStats {
         let grace = self.grace;
         self.shutdown_within(grace).await
@@ -549,16 +610,10 @@ impl RunningWorker {
     }
 
     /// [`shutdown`](Self::shutdown) with an explicit grace (`Duration::ZERO`: release at once).
-    pub async fn shutdown_within(self, grace: Duration) -> WorkerStats {
+    pub async fn shutdown_within(mut self, grace: Duration) -> WorkerStats {
         self.stop.cancel();
-        if let Err(e) = self.main.await {
-            error!(error = %e, "worker claim loop panicked");
-        }
-        self.tracker.close();
-        if tokio::time::timeout(grace, self.tracker.wait()).await.is_err() {
-            info!("shutdown grace over: releasing the jobs still running");
-            self.abandon.cancel();
-            self.tracker.wait().await;
+        if let Some(main) = self.main.take() {
+            wind_down(main, self.tracker.clone(), self.abandon.clone(), grace).await;
         }
         (self.stats)()
     }

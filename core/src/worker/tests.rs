@@ -589,3 +589,117 @@ async fn a_record_left_open_is_reminded_once_per_period_until_it_is_closed() {
     assert!(seen[1].1.contains("reminder 1, still open after"), "{}", seen[1].1);
     assert_eq!(seen.len(), at_discard, "none after the record is closed");
 }
+
+/// A job whose payload's decoder panics: a custom `Deserialize` with a bug.
+#[derive(Serialize)]
+struct Brittle {
+    n: u32,
+}
+
+impl<'de> Deserialize<'de> for Brittle {
+    fn deserialize<D: serde::Deserializer<'de>>(_deserializer: D) -> Result<Self, D::Error> {
+        panic!("the decoder has a bug");
+    }
+}
+
+impl Job for Brittle {
+    const KIND: &'static str = "brittle";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("n", self.n)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decoder_that_panics_is_an_undecodable_payload_recorded_at_once() {
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Brittle { n: 1 }).await.unwrap();
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(WorkerConfig { lease: Duration::from_secs(30), ..fast() })
+        .handle::<Brittle>(|_job: Brittle, _ctx: JobContext| async { Ok::<_, JobError>(()) })
+        .build()
+        .start();
+    // Within a fraction of the lease: a panic that escaped would leave the job to wait it out.
+    let record = records(&backend, 1).await.remove(0);
+    let stats = worker.shutdown().await;
+    assert_eq!(record.attempts, 1, "decoding again cannot succeed: no retries");
+    assert_eq!(record.last_error, "payload does not decode: the decoder panicked: the decoder has a bug");
+    assert_eq!((stats.claimed, stats.dead_lettered), (1, 1));
+}
+
+/// A handler for `Ping` that never ends; every start's (attempt, whether an earlier attempt was
+/// left pending) kept.
+fn hanging(starts: &Arc<Mutex<Vec<(u32, bool)>>>) -> impl Handler<Ping> + use<> {
+    let starts = Arc::clone(starts);
+    move |_job: Ping, ctx: JobContext| {
+        starts.lock().unwrap().push((ctx.attempt, ctx.earlier_attempt_pending));
+        std::future::pending::<Result<(), JobError>>()
+    }
+}
+
+async fn started(starts: &Arc<Mutex<Vec<(u32, bool)>>>, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while starts.lock().unwrap().len() < n {
+        assert!(Instant::now() < deadline, "{n} handler starts expected");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_still_running_when_the_grace_ends_is_released_at_no_attempts_cost() {
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Ping { n: 1 }).await.unwrap();
+    let starts = Arc::new(Mutex::new(Vec::new()));
+    let config = WorkerConfig { lease: Duration::from_secs(30), shutdown_grace: Duration::from_millis(100), ..fast() };
+    let start = || {
+        Worker::builder(backend.clone(), backend.clone())
+            .config(config.clone())
+            .handle::<Ping>(hanging(&starts))
+            .build()
+            .start()
+    };
+    // A job longer than the grace meets four deploys, one more than its cap of 3: it must not
+    // end as a record.
+    for deploy in 1..=4 {
+        let worker = start();
+        started(&starts, deploy).await;
+        let stats = worker.shutdown().await;
+        assert_eq!(stats.released, 1, "deploy {deploy}: {stats:?}");
+    }
+    assert_eq!(backend.count_open().await.unwrap(), 0, "released jobs are not failures");
+    let starts = starts.lock().unwrap().clone();
+    assert_eq!(
+        starts,
+        [(1, false), (1, true), (1, true), (1, true)],
+        "each the first attempt, resumed after the first"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_worker_dropped_without_a_shutdown_shuts_down() {
+    use crate::backend::QueueStats;
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Ping { n: 1 }).await.unwrap();
+    let starts = Arc::new(Mutex::new(Vec::new()));
+    let config = WorkerConfig { lease: Duration::from_secs(30), shutdown_grace: Duration::from_millis(100), ..fast() };
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(config)
+        .handle::<Ping>(hanging(&starts))
+        .build()
+        .start();
+    started(&starts, 1).await;
+    drop(worker);
+    // Its running job is released after the grace, long before its 30 s lease, and nothing
+    // claims it again: the worker stopped.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let counts = backend.counts().await.unwrap();
+        if (counts.queued, counts.running) == (1, 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the dropped worker still holds its job: {counts:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(starts.lock().unwrap().len(), 1, "a dropped worker claims nothing more");
+    assert_eq!(backend.counts().await.unwrap().queued, 1);
+}

@@ -1,0 +1,152 @@
+//! A settlement that meets a busy backend: completions refused for a while with a temporary
+//! error, as SQLite refuses them while another process holds the write lock past the busy
+//! timeout, or Postgres on a deadlock. The worker tries them again while it keeps the lease.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redrive_core::{
+    Backend, Capabilities, Claim, Claimed, DeadLetter, Error, FailureId, FailureQuery, FailureRecord, IdempotencyKey,
+    Kinds, Lease, Ledger, Renew,
+};
+use tokio::time::Instant;
+
+use crate::harness::{Probe, Run, ensure};
+use crate::{Outcome, Queue, Subject};
+
+/// Behaviour 28: Every completion is refused with a temporary error ("database is locked") for a
+/// while after the first one is: three leases where the queue can renew, half a lease where it
+/// cannot. Each job is completed by the attempt that ran it, claimed once (a completion given
+/// up lets its lease lapse, and the job is claimed again: on a backend whose claim takes the key,
+/// it runs again), its effect once, no record.
+pub async fn settle_retried<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
+    let run = Run::new("settle_retried", subject);
+    let ids: Vec<u32> = (300..306).collect();
+    let lease = run.s.timing.lease;
+    let window = if run.s.queue.renewal().is_some() { lease * 3 } else { lease / 2 };
+    let busy = Busy::new(run.s.queue.clone(), window);
+    let jobs = ids.iter().map(|&id| Probe::new(id).new_job()).collect();
+    run.must("batch enqueue", run.s.queue.enqueue_batch(jobs).await)?;
+    let worker = run.start_worker_on(busy.clone(), run.s.ledger.clone(), run.config(ids.len(), lease, lease * 10));
+    run.wait_for_effects(ids.len()).await?;
+    let completed = Arc::clone(&busy.log);
+    let n = ids.len();
+    run.wait_for("every completion to get through", || {
+        let completed = Arc::clone(&completed);
+        async move { completed.lock().unwrap().completed >= n }
+    })
+    .await?;
+    run.settle().await;
+    let stats = worker.shutdown().await;
+    let log = busy.log.lock().unwrap().clone();
+    ensure!(run, log.refused >= 1, "the suite refused no completion: nothing was tested ({stats:?})");
+    let twice: Vec<_> = log.claims.iter().filter(|(_, n)| **n > 1).map(|(k, n)| format!("{k} ×{n}")).collect();
+    ensure!(
+        run,
+        twice.is_empty(),
+        "a completion refused for a temporary reason should be tried again while the lease is kept, not left \
+         to lapse: claimed again {twice:?} ({} refusals; {stats:?})",
+        log.refused
+    );
+    run.report(&ids, &[]).await
+}
+
+#[derive(Debug, Clone, Default)]
+struct Log {
+    /// Claims per key.
+    claims: HashMap<IdempotencyKey, u32>,
+    /// Completions refused.
+    refused: u32,
+    /// Completions that got through.
+    completed: usize,
+    /// The end of the busy window, set by the first completion.
+    busy_until: Option<Instant>,
+}
+
+/// The subject's queue as one worker sees it, its completions refused as busy for `window` from
+/// the first one. Clones share the log.
+#[derive(Clone)]
+struct Busy<Q> {
+    inner: Q,
+    window: Duration,
+    log: Arc<Mutex<Log>>,
+}
+
+impl<Q> Busy<Q> {
+    fn new(inner: Q, window: Duration) -> Self {
+        Self { inner, window, log: Arc::default() }
+    }
+}
+
+type R<T> = redrive_core::Result<T>;
+
+impl<Q: Backend> Backend for Busy<Q> {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+impl<Q: Claim> Claim for Busy<Q> {
+    async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> R<Vec<Claimed>> {
+        let claimed = self.inner.claim(kinds, max, lease, wait).await?;
+        let mut log = self.log.lock().unwrap();
+        for c in &claimed {
+            *log.claims.entry(c.job.key.clone()).or_default() += 1;
+        }
+        Ok(claimed)
+    }
+    async fn complete(&self, lease: &Lease, result: Option<&serde_json::Value>) -> R<()> {
+        {
+            let mut log = self.log.lock().unwrap();
+            let until = *log.busy_until.get_or_insert_with(|| Instant::now() + self.window);
+            if Instant::now() < until {
+                log.refused += 1;
+                return Err(Error::temporary("database is locked (refused by the conformance suite)"));
+            }
+        }
+        self.inner.complete(lease, result).await?;
+        self.log.lock().unwrap().completed += 1;
+        Ok(())
+    }
+    async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> R<()> {
+        self.inner.retry(lease, delay, error).await
+    }
+    async fn defer(&self, lease: &Lease, delay: Duration) -> R<()> {
+        self.inner.defer(lease, delay).await
+    }
+    async fn release(&self, lease: &Lease) -> R<()> {
+        self.inner.release(lease).await
+    }
+    async fn dead_letter(&self, job: &Claimed, error: &str) -> R<Option<FailureRecord>> {
+        self.inner.dead_letter(job, error).await
+    }
+    fn renewal(&self) -> Option<&impl Renew> {
+        self.inner.renewal().map(|_| self)
+    }
+}
+
+impl<Q: Claim> Renew for Busy<Q> {
+    async fn renew(&self, lease: &Lease, by: Duration) -> R<Lease> {
+        let renewal = self.inner.renewal().expect("offered only where the inner queue renews");
+        renewal.renew(lease, by).await
+    }
+}
+
+impl<Q: DeadLetter> DeadLetter for Busy<Q> {
+    async fn list(&self, query: &FailureQuery) -> R<Vec<FailureRecord>> {
+        self.inner.list(query).await
+    }
+    async fn get(&self, id: &FailureId) -> R<FailureRecord> {
+        self.inner.get(id).await
+    }
+    async fn count_open(&self) -> R<u64> {
+        self.inner.count_open().await
+    }
+    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> R<()> {
+        self.inner.discard(id, reason, actor).await
+    }
+    async fn purge(&self, age: Duration) -> R<u64> {
+        self.inner.purge(age).await
+    }
+}
