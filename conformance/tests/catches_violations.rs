@@ -146,7 +146,8 @@ impl Broken {
         if self.has(Fault::ReplayForgetsWho)
             && let RecordState::Replayed { reason, actor, .. } = &mut record.state
         {
-            (reason.clear(), actor.clear());
+            reason.clear();
+            actor.clear();
         }
         record
     }
