@@ -190,7 +190,7 @@ struct ReplayArgs {
     #[arg(long, required_unless_present = "dry_run")]
     by: Option<String>,
     /// Why (kept with each record; may be left out).
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", hide_default_value = true)]
     reason: String,
     /// Only this job kind (bulk).
     #[arg(long, conflicts_with = "id")]

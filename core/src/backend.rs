@@ -642,3 +642,25 @@ debug_redacted!(FailureRecord {
     ],
     hide: [payload],
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replayed_state_kept_before_replays_were_audited_still_reads() {
+        // As broker stores kept it (JSON), and as a take reads until its replay closes it.
+        let old: RecordState = serde_json::from_str(r#"{"state":"replayed","at":"2026-01-02T03:04:05Z"}"#).unwrap();
+        assert!(matches!(old, RecordState::Replayed { reason, actor, .. } if reason.is_empty() && actor.is_empty()));
+    }
+
+    #[test]
+    fn blank_audit_text_is_refused_as_invalid_input() {
+        for blank in ["", " ", "\t\n"] {
+            let refused = require_audit("a discard's reason", blank).unwrap_err();
+            assert_eq!(refused.kind(), ErrorKind::InvalidInput);
+            assert!(refused.to_string().contains("a discard's reason is required"), "{refused}");
+        }
+        assert!(require_audit("a discard's reason", "refunded").is_ok());
+    }
+}
