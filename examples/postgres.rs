@@ -179,10 +179,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("\n== 4. recover: billing is back; replay the record");
     billing.down.store(false, Ordering::SeqCst);
     let record = backend.list(&FailureQuery::open()).await?.remove(0);
-    println!("   replay {} -> {:?}", record.id, backend.replay(&record.id).await?);
+    println!("   replay {} -> {:?}", record.id, backend.replay(&record.id, "the API is back", "example").await?);
     let w = worker(&backend, &billing, &alerts);
     wait_until("the replayed grant", || billing.total() == 3).await;
-    println!("   replay {} again -> {:?}", record.id, backend.replay(&record.id).await?);
+    println!("   replay {} again -> {:?}", record.id, backend.replay(&record.id, "the API is back", "example").await?);
     tokio::time::sleep(Duration::from_millis(300)).await;
     w.shutdown().await;
     let key = NewJob::from_job(&failing)?.key;

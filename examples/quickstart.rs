@@ -155,14 +155,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!("\n== 4. recover: the provider is back; replay the record");
     mailer.down.store(false, Ordering::SeqCst);
-    let outcome = backend.replay(&record.id).await?;
+    let outcome = backend.replay(&record.id, "the API is back", "example").await?;
     println!(
         "   replay {} -> {outcome:?} (same key {}, same provider key {})",
         record.id, record.key, record.provider_key
     );
     let worker = worker_on(backend.clone(), backend.clone(), &mailer, &alerts);
     wait_until("the replayed receipt", || mailer.sent_for(44) == 1).await;
-    let again = backend.replay(&record.id).await?;
+    let again = backend.replay(&record.id, "the API is back", "example").await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     worker.shutdown().await;
     let closed = backend.get(&record.id).await?;

@@ -238,7 +238,7 @@ async fn records(account: &AzureConfig, name: &str, ledger: &PgBackend) -> BoxRe
     let before = replayer.request_count();
     let first = replayer.list(&FailureQuery { limit: REPLAYED as usize, ..FailureQuery::open() }).await?;
     for record in &first {
-        replayer.replay(&record.id).await?;
+        replayer.replay(&record.id, "", "ops").await?;
     }
     let replaying = replayer.request_count() - before;
     Ok(vec![

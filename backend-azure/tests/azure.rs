@@ -202,7 +202,7 @@ async fn text_that_is_not_an_envelope_becomes_a_record_with_the_decode_error_and
     assert!(error.starts_with("the message body is not a redrive envelope"), "{error}");
     assert!(!error.contains("4111"), "the error names no value: {error}");
     assert_eq!(records[0].payload, serde_json::Value::String(text.into()), "the text is kept for a person");
-    let replay = queue.replay(&records[0].id).await.unwrap_err();
+    let replay = queue.replay(&records[0].id, "", "ops").await.unwrap_err();
     assert_eq!(replay.kind(), ErrorKind::Decode, "{replay}");
 }
 
@@ -287,7 +287,7 @@ async fn the_python_sdk_sends_jobs_a_worker_runs_and_reads_the_records_a_worker_
         (record["id"].as_str().unwrap(), "carrier said no")
     );
     assert_eq!(python(&["read", &queue.poison_queue_name()]), serde_json::json!([]), "drained");
-    assert!(matches!(queue.replay(&kept[0].id).await.unwrap(), ReplayOutcome::Replayed(_)));
+    assert!(matches!(queue.replay(&kept[0].id, "", "ops").await.unwrap(), ReplayOutcome::Replayed(_)));
     let w = worker(&queue, &ledger, &effects, None, &alerts);
     wait_for("the replayed job", 20, async || effects.lock().unwrap().len() >= 3).await;
     tokio::time::sleep(Duration::from_secs(1)).await;

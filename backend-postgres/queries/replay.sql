@@ -1,9 +1,9 @@
 -- Close the record and reset its existing job row (a fresh insert with the same key would only be
 -- skipped), in one statement: both happen or neither does. A person asked for it to run: its
--- deadline, if it had one, no longer applies.
+-- deadline, if it had one, no longer applies. $2: why, $3: who.
 WITH record AS (
     UPDATE {schema}.failed_jobs
-    SET state = 'replayed', closed_at = now()
+    SET state = 'replayed', closed_at = now(), replay_reason = $2, replayed_by = $3
     WHERE id = $1 AND state = 'open'
     RETURNING job_id
 )

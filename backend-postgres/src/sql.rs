@@ -90,12 +90,13 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, s
 /// schemas in one database migrate independently.
 pub(crate) fn migrator(schema: &str) -> Migrator {
     let quoted = format!("\"{schema}\"");
-    let files: [(i64, &str, &str); 5] = [
+    let files: [(i64, &str, &str); 6] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "done index", include_str!("../migrations/0002_done_index.sql")),
         (3, "contract v2", include_str!("../migrations/0003_contract_v2.sql")),
         (4, "broker records", include_str!("../migrations/0004_broker_records.sql")),
         (5, "deadline", include_str!("../migrations/0005_deadline.sql")),
+        (6, "replay audit", include_str!("../migrations/0006_replay_audit.sql")),
     ];
     let migrations = files
         .into_iter()

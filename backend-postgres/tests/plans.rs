@@ -141,7 +141,12 @@ fn statements() -> Vec<Statement> {
             types: "float8, bigint",
             args: |_| "0, 10000".into(),
         },
-        Statement { name: "replay", sql: file!("replay"), types: "bigint", args: |_| "1".into() },
+        Statement {
+            name: "replay",
+            sql: file!("replay"),
+            types: "bigint, text, text",
+            args: |_| "1, '', 'ops'".into(),
+        },
         Statement { name: "purge", sql: file!("purge"), types: "float8", args: |_| "0".into() },
         Statement {
             name: "ledger_begin",

@@ -305,7 +305,7 @@ async fn a_replay_after_retries_starts_over_with_every_attempt_and_a_fresh_histo
     .expect("a failure record after three attempts");
     assert_eq!(first.attempts, 3);
     assert_eq!(first.errors.iter().map(|e| e.attempt).collect::<Vec<_>>(), [1, 2, 3]);
-    rig.backend.replay(&first.id).await.unwrap();
+    rig.backend.replay(&first.id, "", "ops").await.unwrap();
     let second = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
             if let Some(record) = open(rig.backend.clone()).await.into_iter().find(|r| r.id != first.id) {

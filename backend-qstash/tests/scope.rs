@@ -84,7 +84,7 @@ async fn two_destinations_on_one_account_each_see_only_their_own_records() {
     // Another app's entry is not this app's to read, replay or discard.
     let other = &theirs[0].id;
     assert_eq!(staging.backend.get(other).await.unwrap_err().kind(), ErrorKind::NotFound);
-    assert_eq!(staging.backend.replay(other).await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(staging.backend.replay(other, "", "ops").await.unwrap_err().kind(), ErrorKind::NotFound);
     assert_eq!(staging.backend.discard(other, "not ours", "ops").await.unwrap_err().kind(), ErrorKind::NotFound);
 
     // A discard and a purge in staging leave production's entry in the DLQ.
@@ -115,7 +115,7 @@ async fn a_replay_qstash_answers_as_deduplicated_is_published_again_under_a_fres
     let backend = rig.backend.clone();
     wait_for("a failure record", async || !open(&backend).await.is_empty()).await;
     let record = open(&rig.backend).await.pop().unwrap();
-    let outcome = rig.backend.replay(&record.id).await.expect("the replay is sent");
+    let outcome = rig.backend.replay(&record.id, "", "ops").await.expect("the replay is sent");
     assert!(matches!(outcome, ReplayOutcome::Replayed(_)), "{outcome:?}");
     let seen = runs.clone();
     wait_for("the replayed job to run again", async || seen.lock().unwrap().len() >= 2).await;

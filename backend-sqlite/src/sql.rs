@@ -69,10 +69,11 @@ pub(crate) fn q(sql: &'static str) -> sqlx::query::Query<'static, Sqlite, Sqlite
 
 /// The embedded migrations, tracked in `_sqlx_migrations`.
 pub(crate) fn migrator() -> Migrator {
-    let files: [(i64, &str, &str); 3] = [
+    let files: [(i64, &str, &str); 4] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "broker records", include_str!("../migrations/0002_broker_records.sql")),
         (3, "deadline", include_str!("../migrations/0003_deadline.sql")),
+        (4, "replay audit", include_str!("../migrations/0004_replay_audit.sql")),
     ];
     let migrations = files
         .into_iter()

@@ -201,7 +201,7 @@ async fn records(endpoint: String, config: &SqsConfig, ledger: &PgBackend) -> Bo
     let by_kind = FailureQuery { limit: REPLAYED as usize, ..FailureQuery::open() };
     let first = replayer.list(&by_kind).await?;
     for record in &first {
-        replayer.replay(&record.id).await?;
+        replayer.replay(&record.id, "", "ops").await?;
     }
     let replaying = replayer.request_count() - before;
     Ok(vec![

@@ -144,7 +144,7 @@ async fn two_processes_replaying_one_record_at_the_same_moment_send_one_message(
     let first = common::queue_named(&name, QueueSetup::default(), store.clone()).await;
     let second = another_process(&name, &store).await;
     for id in records(&first, 5).await {
-        let (a, b) = tokio::join!(first.replay(&id), second.replay(&id));
+        let (a, b) = tokio::join!(first.replay(&id, "", "ops"), second.replay(&id, "", "ops"));
         let outcomes = [a.unwrap(), b.unwrap()];
         let replayed = outcomes.iter().filter(|o| matches!(o, ReplayOutcome::Replayed(_))).count();
         assert_eq!(replayed, 1, "record {id}: {outcomes:?}");
@@ -166,11 +166,11 @@ async fn a_replay_stopped_after_its_send_sends_nothing_more_when_retried_from_an
     let id = records(&first, 1).await.remove(0);
 
     first.fail_replays_after_send(true);
-    let err = first.replay(&id).await.unwrap_err();
+    let err = first.replay(&id, "", "ops").await.unwrap_err();
     assert!(err.message().contains("injected"), "{err}");
     first.fail_replays_after_send(false);
     for queue in [&first, &second, &first] {
-        let outcome = queue.replay(&id).await.unwrap();
+        let outcome = queue.replay(&id, "", "ops").await.unwrap();
         assert!(matches!(outcome, ReplayOutcome::AlreadyClosed(RecordState::Replayed { .. })), "{outcome:?}");
     }
     assert!(matches!(second.get(&id).await.unwrap().state, RecordState::Replayed { .. }));

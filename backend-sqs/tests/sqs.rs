@@ -175,10 +175,10 @@ async fn redrive_back_sends_a_new_message_and_the_effect_happens_once() {
     let first = queue.enqueue(job.clone()).await.unwrap();
     let claimed = queue.claim(&Kinds::Any, 1, Duration::from_secs(30), Duration::from_secs(5)).await.unwrap().remove(0);
     let record = queue.dead_letter(&claimed, "carrier rejected the label").await.unwrap().expect("SQS writes it now");
-    let outcome = queue.replay(&record.id).await.unwrap();
+    let outcome = queue.replay(&record.id, "", "ops").await.unwrap();
     let ReplayOutcome::Replayed(new_id) = outcome else { panic!("{outcome:?}") };
     assert_ne!(&new_id, first.id(), "a redrive is a new message");
-    queue.replay(&record.id).await.unwrap(); // closed: nothing more is sent
+    queue.replay(&record.id, "", "ops").await.unwrap(); // closed: nothing more is sent
     let effects = Effects::default();
     let w = worker(&queue, &ledger, WorkerConfig::default(), Duration::ZERO, &effects);
     wait_for("the effect", 30, async || !effects.lock().unwrap().is_empty()).await;
@@ -278,7 +278,7 @@ async fn a_body_that_is_not_an_envelope_is_a_decode_failure_never_handed_to_a_ha
     assert!(r.last_error.starts_with("the message body is not a redrive envelope: "), "{}", r.last_error);
     assert!(!r.last_error.contains("4111") && !r.last_error.contains("order"), "{}", r.last_error);
     // Replayed in an envelope, the body would reach a handler as a job.
-    assert_eq!(queue.replay(&r.id).await.unwrap_err().kind(), ErrorKind::Decode);
+    assert_eq!(queue.replay(&r.id, "", "ops").await.unwrap_err().kind(), ErrorKind::Decode);
     assert_eq!(queue.count_open().await.unwrap(), 1);
 }
 
@@ -442,7 +442,7 @@ async fn a_job_at_the_size_limit_failing_with_a_long_error_full_of_escapes_leave
     assert!(!record.last_error.contains('\u{1b}') && record.last_error.len() <= 4096);
 
     // The replay sends one message, and the job runs from it.
-    assert!(matches!(queue.replay(&record.id).await.unwrap(), ReplayOutcome::Replayed(_)));
+    assert!(matches!(queue.replay(&record.id, "", "ops").await.unwrap(), ReplayOutcome::Replayed(_)));
     let replayed = next(&queue, 10).await;
     assert_eq!(replayed.job.payload, job.payload);
     queue.complete(&replayed.lease, None).await.unwrap();

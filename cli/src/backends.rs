@@ -130,8 +130,8 @@ impl DeadLetter for Target {
 }
 
 impl Replay for Target {
-    async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
-        on!(self, b => b.replay(id).await)
+    async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
+        on!(self, b => b.replay(id, reason, actor).await)
     }
 }
 

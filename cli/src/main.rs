@@ -4,7 +4,9 @@
 //! redrive --backend postgres://localhost/app failed list --kind charge_order
 //! redrive --backend sqs://orders failed show <ID>          # records in DATABASE_URL
 //! redrive --backend sqlite://app.db queue stats
-//! redrive --backend azure://orders replay --kind ship --older-than 1h --rate 5
+//! redrive --backend azure://orders replay --kind ship --older-than 1h --rate 5 --by ada
+//! redrive replay <ID> --by ada --reason "fixed in 1.4.2"
+//! redrive replay --all --by ada --reason "the carrier is back"
 //! redrive discard <ID> --reason "refunded by hand" --by ada
 //! ```
 //!
@@ -55,13 +57,14 @@ enum Command {
         #[command(subcommand)]
         command: Failed,
     },
-    /// Replays one record by id, or every open record matching a filter, with its original keys.
+    /// Replays one record by id, every open record matching a filter, or every open record
+    /// (`--all`), with its original keys; each record keeps who replayed it and why.
     Replay(ReplayArgs),
     /// Closes an open record without replaying it.
     Discard {
         /// The record's id.
         id: String,
-        /// Why (kept with the record).
+        /// Why (kept with the record; required, not blank).
         #[arg(long)]
         reason: String,
         /// Who (kept with the record).
@@ -185,8 +188,17 @@ impl Filter {
 
 #[derive(Debug, clap::Args)]
 struct ReplayArgs {
-    /// The record to replay; without it, every open record matching the filters.
+    /// The record to replay; without it, every open record matching the filters (or `--all`).
     id: Option<String>,
+    /// Every open record, of any kind: a bulk replay without a filter must say so.
+    #[arg(long, conflicts_with_all = ["id", "kind", "severity", "older_than"])]
+    all: bool,
+    /// Who replays (kept with each record).
+    #[arg(long, required_unless_present = "dry_run")]
+    by: Option<String>,
+    /// Why (kept with each record; may be left out).
+    #[arg(long, default_value = "", hide_default_value = true)]
+    reason: String,
     /// Only this job kind (bulk).
     #[arg(long, conflicts_with = "id")]
     kind: Option<String>,
@@ -302,10 +314,22 @@ async fn serve(
 }
 
 async fn replay(target: &Target, out: &output::Output, args: &ReplayArgs) -> redrive_core::Result<Done> {
+    let by = args.by.as_deref().unwrap_or_default();
     if let Some(id) = &args.id {
-        let outcome = target.replay(&FailureId(id.clone())).await?;
+        let outcome = target.replay(&FailureId(id.clone()), &args.reason, by).await?;
         out.outcome(id, &outcome);
         return Ok(Done::Done);
+    }
+    if !args.all && args.kind.is_none() && args.severity.is_none() && args.older_than.is_none() {
+        // A forgotten id or filter must not put every failure back on the queue.
+        return Err(redrive_core::Error::new(
+            ErrorKind::InvalidInput,
+            "no record id and no filter: give an id, a filter (--kind, --severity, --older-than), \
+             or --all to replay every open record",
+        ));
+    }
+    if !args.dry_run {
+        redrive_core::require_audit("a replay's actor (--by)", by)?;
     }
     let filter = Filter {
         kind: args.kind.clone(),
@@ -347,7 +371,7 @@ async fn replay(target: &Target, out: &output::Output, args: &ReplayArgs) -> red
     );
     for record in &matching {
         pace.tick().await;
-        match target.replay(&record.id).await {
+        match target.replay(&record.id, &args.reason, by).await {
             Ok(ReplayOutcome::Replayed(_)) => replayed += 1,
             Ok(ReplayOutcome::AlreadyClosed(_)) => closed += 1,
             Err(e) => {

@@ -22,7 +22,16 @@ fn short(text: &str, max: usize) -> String {
 fn state(state: &RecordState) -> String {
     match state {
         RecordState::Open => "open".into(),
-        RecordState::Replayed { at } => format!("replayed {}", at.format("%Y-%m-%d %H:%M")),
+        RecordState::Replayed { at, reason, actor } => {
+            let mut text = format!("replayed {}", at.format("%Y-%m-%d %H:%M"));
+            if !actor.is_empty() {
+                text += &format!(" by {actor}");
+            }
+            if !reason.is_empty() {
+                text += &format!(": {reason}");
+            }
+            text
+        }
         RecordState::Discarded { at, reason, actor } => {
             format!("discarded {} by {actor}: {reason}", at.format("%Y-%m-%d %H:%M"))
         }

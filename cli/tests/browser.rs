@@ -66,7 +66,11 @@ async fn an_operator_signs_in_reads_discards_and_replays_in_chromium() {
         other => panic!("not discarded: {other:?}"),
     }
     let replayed = db.get(&FailureId(done["replayed"].as_str().unwrap().into())).await.unwrap();
-    assert!(matches!(replayed.state, RecordState::Replayed { .. }), "{:?}", replayed.state);
+    assert!(
+        matches!(&replayed.state, RecordState::Replayed { reason, actor, .. } if reason == "carrier back" && actor == "grace"),
+        "{:?}",
+        replayed.state
+    );
     let back = db.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::from_secs(1)).await.unwrap();
     assert_eq!(back.len(), 1, "one job back on the queue");
     assert_eq!(back[0].job.key, replayed.key, "with its original key");

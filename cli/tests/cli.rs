@@ -73,9 +73,9 @@ async fn on_postgres_an_operator_lists_reads_discards_replays_and_purges() {
     let discarded = json(&redrive(&url, &schema, &["--json", "discard", &id, "--reason", "refunded", "--by", "ada"]));
     assert_eq!((&discarded["state"]["reason"], &discarded["state"]["actor"]), (&"refunded".into(), &"ada".into()));
     let second = all[1]["id"].as_str().unwrap();
-    let replayed = json(&redrive(&url, &schema, &["--json", "replay", second]));
+    let replayed = json(&redrive(&url, &schema, &["--json", "replay", second, "--by", "ada"]));
     assert_eq!(replayed["replayed"], true, "{replayed}");
-    let again = json(&redrive(&url, &schema, &["--json", "replay", second]));
+    let again = json(&redrive(&url, &schema, &["--json", "replay", second, "--by", "ada"]));
     assert_eq!(again["replayed"], false, "a second replay sends nothing");
     assert_eq!(json(&redrive(&url, &schema, &["--json", "failed", "count"]))["open_records"], 2);
     let stats = json(&redrive(&url, &schema, &["--json", "queue", "stats"]));
@@ -110,13 +110,13 @@ async fn a_bulk_replay_keeps_its_rate_and_a_dry_run_sends_nothing() {
 
     // Six at 5 a second: five gaps of 200 ms at least.
     let started = Instant::now();
-    let bulk = json(&redrive(&url, &schema, &["--json", "replay", "--kind", "ship", "--rate", "5"]));
+    let bulk = json(&redrive(&url, &schema, &["--json", "replay", "--kind", "ship", "--rate", "5", "--by", "ada"]));
     let took = started.elapsed();
     assert_eq!((&bulk["replayed"], &bulk["already_closed"]), (&6.into(), &0.into()), "{bulk}");
     assert!(took >= Duration::from_millis(1000), "the rate cap holds: {took:?}");
     assert_eq!(json(&redrive(&url, &schema, &["--json", "failed", "count"]))["open_records"], 1, "only the charge");
     // Run again (as after an interruption): nothing left to replay.
-    assert_eq!(redrive(&url, &schema, &["replay", "--kind", "ship"]).status.code(), Some(2));
+    assert_eq!(redrive(&url, &schema, &["replay", "--kind", "ship", "--by", "ada"]).status.code(), Some(2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,7 +140,7 @@ async fn on_sqs_records_are_read_from_the_database_and_a_replay_sends_the_job_ba
     let backend = format!("sqs://{name}");
     let listed = json(&redrive(&backend, &schema, &["--json", "failed", "list"]));
     assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
-    let replay = redrive(&backend, &schema, &["--json", "replay", "m-1"]);
+    let replay = redrive(&backend, &schema, &["--json", "replay", "m-1", "--by", "ada"]);
     assert_eq!(json(&replay)["replayed"], true);
     let mut back = Vec::new();
     for _ in 0..50 {
@@ -166,10 +166,68 @@ async fn on_sqlite_the_file_is_the_backend() {
     let listed = json(&redrive(&backend, "-", &["--json", "failed", "list"]));
     assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
     let id = listed[0]["id"].as_str().unwrap();
-    assert_eq!(json(&redrive(&backend, "-", &["--json", "replay", id]))["replayed"], true);
+    assert_eq!(json(&redrive(&backend, "-", &["--json", "replay", id, "--by", "ada"]))["replayed"], true);
     let stats = json(&redrive(&backend, "-", &["--json", "queue", "stats"]));
     assert_eq!((&stats["queued"], &stats["open_records"]), (&1.into(), &1.into()), "{stats}");
     let missing = format!("sqlite://{}", dir.path().join("typo.db").display());
     assert_eq!(redrive(&missing, "-", &["failed", "count"]).status.code(), Some(2), "no file is created");
     assert!(!dir.path().join("typo.db").exists());
+}
+
+/// A SQLite file with `n` open records of kind `ship`, and its `--backend` URL.
+async fn sqlite_records(dir: &tempfile::TempDir, n: u32) -> (redrive_sqlite::SqliteBackend, String) {
+    let path = dir.path().join("app.db");
+    let file = redrive_sqlite::SqliteBackend::open(redrive_sqlite::SqliteConfig::new(&path)).await.unwrap();
+    file.enqueue_batch((1..=n).map(|n| job("ship", n)).collect()).await.unwrap();
+    for c in file.claim(&Kinds::Any, n as usize, Duration::from_secs(30), Duration::ZERO).await.unwrap() {
+        file.dead_letter(&c, "carrier said no").await.unwrap();
+    }
+    (file, format!("sqlite://{}", path.display()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_of_every_record_needs_all_and_a_discard_needs_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_file, backend) = sqlite_records(&dir, 3).await;
+    let open = || json(&redrive(&backend, "-", &["--json", "failed", "count"]))["open_records"].clone();
+
+    // No id and no filter: refused, nothing sent.
+    let everything = redrive(&backend, "-", &["replay", "--by", "ada"]);
+    let said = String::from_utf8_lossy(&everything.stderr);
+    assert_eq!(everything.status.code(), Some(1), "{said}");
+    assert!(said.contains("--all"), "the error says how to replay everything: {said}");
+    assert_eq!(open(), 3, "nothing was replayed");
+
+    // A blank reason: refused, the record stays open.
+    let id = json(&redrive(&backend, "-", &["--json", "failed", "list"]))[0]["id"].as_str().unwrap().to_owned();
+    for reason in ["", "  \t"] {
+        let blank = redrive(&backend, "-", &["discard", &id, "--reason", reason, "--by", "ada"]);
+        let said = String::from_utf8_lossy(&blank.stderr);
+        assert_eq!(blank.status.code(), Some(1), "a reason of {reason:?} is refused: {said}");
+        assert!(said.contains("reason"), "{said}");
+    }
+    assert_eq!(open(), 3, "nothing was discarded");
+
+    // `--all` says it: every open record, each with who and why.
+    let bulk = json(&redrive(&backend, "-", &["--json", "replay", "--all", "--by", "ada", "--reason", "carrier back"]));
+    assert_eq!(bulk["replayed"], 3, "{bulk}");
+    let closed = json(&redrive(&backend, "-", &["--json", "failed", "list", "--state", "closed"]));
+    for record in closed.as_array().unwrap() {
+        assert_eq!(record["state"]["state"], "replayed", "{record}");
+        assert_eq!((&record["state"]["actor"], &record["state"]["reason"]), (&"ada".into(), &"carrier back".into()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_keeps_who_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_file, backend) = sqlite_records(&dir, 1).await;
+    let id = json(&redrive(&backend, "-", &["--json", "failed", "list"]))[0]["id"].as_str().unwrap().to_owned();
+    let replayed = redrive(&backend, "-", &["--json", "replay", &id, "--by", "grace", "--reason", "fixed in 1.4.2"]);
+    assert_eq!(json(&replayed)["replayed"], true);
+    let shown = json(&redrive(&backend, "-", &["--json", "failed", "show", &id]));
+    assert_eq!(shown["state"]["actor"], "grace", "{shown}");
+    assert_eq!(shown["state"]["reason"], "fixed in 1.4.2", "{shown}");
+    let text = String::from_utf8_lossy(&redrive(&backend, "-", &["failed", "show", &id]).stdout).into_owned();
+    assert!(text.contains("by grace: fixed in 1.4.2"), "{text}");
 }

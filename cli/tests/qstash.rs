@@ -83,8 +83,12 @@ async fn an_operator_lists_replays_and_discards_qstash_records() {
     assert!(shown["payload"]["parcel"].is_u64(), "the payload is shown: {shown}");
 
     carrier_down.store(false, Ordering::SeqCst);
-    assert_eq!(json(&redrive(&["--json", "replay", &first]))["replayed"], true);
-    assert_eq!(json(&redrive(&["--json", "replay", &first]))["replayed"], false, "a second replay sends nothing");
+    assert_eq!(json(&redrive(&["--json", "replay", &first, "--by", "ada"]))["replayed"], true);
+    assert_eq!(
+        json(&redrive(&["--json", "replay", &first, "--by", "ada"]))["replayed"],
+        false,
+        "a second replay sends nothing"
+    );
     let discarded = json(&redrive(&["--json", "discard", &second, "--reason", "shipped by hand", "--by", "ada"]));
     assert_eq!(discarded["state"]["actor"], "ada", "{discarded}");
     tokio::time::timeout(Duration::from_secs(20), async {

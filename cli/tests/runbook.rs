@@ -130,8 +130,14 @@ async fn the_runbook_recovers_a_failed_credit_grant_once() {
     assert!(discarded.contains("discarded") && discarded.contains("by ada: granted by hand"), "{discarded}");
 
     // 5. Replay with the same key; a second replay does nothing.
-    assert!(stdout(&redrive(&schema, &["replay", &replay_id])).contains("replayed as job"));
-    assert!(stdout(&redrive(&schema, &["replay", &replay_id])).contains("closed already"));
+    assert!(
+        stdout(&redrive(&schema, &["replay", &replay_id, "--by", "ada", "--reason", "the grants API is back"]))
+            .contains("replayed as job")
+    );
+    assert!(
+        stdout(&redrive(&schema, &["replay", &replay_id, "--by", "ada", "--reason", "the grants API is back"]))
+            .contains("closed already")
+    );
     let w = worker(&db, &down, &granted, &paged);
     wait_for("the replayed grant", || !granted.lock().unwrap().is_empty()).await;
     tokio::time::sleep(Duration::from_millis(500)).await;

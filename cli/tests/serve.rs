@@ -1,6 +1,7 @@
-//! `redrive serve` on the brokers: SQS (moto) and Azure Queue Storage (Azurite), their records
-//! in PostgreSQL. The dashboard lists what the queues dead-lettered, discards one and replays
-//! the other through its forms, and the replayed job is back on the queue once. The browser
+//! `redrive serve` on the brokers, SQS (moto) and Azure Queue Storage (Azurite) with their records
+//! in PostgreSQL, and on a SQLite file. The dashboard lists what the queues dead-lettered, discards
+//! one and replays the other through its forms, its process restarted keeps the audit trail, and
+//! the replayed job is back on the queue once. The browser
 //! test (browser.rs) covers the pages themselves on PostgreSQL.
 
 mod common;
@@ -35,9 +36,10 @@ async fn two_failures(queue: &(impl Enqueue + Claim)) {
 }
 
 /// Through the dashboard: the overview counts two open records; one is discarded with a reason
-/// and a name, the other replayed. Returns the replayed record's key.
+/// and a name, the other replayed. The dashboard restarted, its audit trail still says who did
+/// what and why. Returns the replayed record's key.
 async fn operate(backend: &str, schema: &str, queue: &impl DeadLetter) -> IdempotencyKey {
-    let (_served, url) = serve(backend, schema, None);
+    let (served, url) = serve(backend, schema, None);
     let http =
         reqwest::Client::builder().cookie_store(true).redirect(reqwest::redirect::Policy::none()).build().unwrap();
     let overview = http.get(format!("{url}/")).send().await.unwrap().text().await.unwrap();
@@ -53,11 +55,18 @@ async fn operate(backend: &str, schema: &str, queue: &impl DeadLetter) -> Idempo
     let form = [("csrf", csrf), ("reason", "sent by hand"), ("by", "ada")];
     let done = http.post(format!("{url}/records/{discard}/discard")).form(&form).send().await.unwrap();
     assert_eq!(done.status(), StatusCode::SEE_OTHER);
-    let done = http.post(format!("{url}/records/{replay}/replay")).form(&[("csrf", csrf), ("by", "ada")]).send().await;
+    let form = [("csrf", csrf), ("by", "ada"), ("reason", "carrier back")];
+    let done = http.post(format!("{url}/records/{replay}/replay")).form(&form).send().await;
     assert_eq!(done.unwrap().headers()["location"], format!("/records/{replay}?done=replayed").as_str());
 
     assert!(matches!(queue.get(&records[0].id).await.unwrap().state, RecordState::Discarded { .. }));
     assert!(matches!(queue.get(&records[1].id).await.unwrap().state, RecordState::Replayed { .. }));
+
+    drop(served); // the process is killed
+    let (_served, url) = serve(backend, schema, None);
+    let audit = reqwest::get(format!("{url}/audit")).await.unwrap().text().await.unwrap();
+    assert!(audit.contains("discarded by ada: sent by hand"), "{audit}");
+    assert!(audit.contains("replayed by ada: carrier back"), "{audit}");
     records[1].key.clone()
 }
 
@@ -106,4 +115,14 @@ async fn the_dashboard_works_an_azure_queue() {
     two_failures(&queue).await;
     let key = operate(&format!("azure://{name}"), db.schema(), &queue).await;
     back_once(&queue, &key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_works_a_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
+    let file = redrive_sqlite::SqliteBackend::open(redrive_sqlite::SqliteConfig::new(&path)).await.unwrap();
+    two_failures(&file).await;
+    let key = operate(&format!("sqlite://{}", path.display()), "-", &file).await;
+    back_once(&file, &key).await;
 }

@@ -402,7 +402,8 @@ pub async fn racing_replays<Q: Queue, L: Ledger + Clone + 'static>(subject: Subj
         );
     }
     for record in &records {
-        let (a, b) = tokio::join!(run.s.queue.replay(&record.id), run.s.queue.replay(&record.id));
+        let (a, b) =
+            tokio::join!(run.s.queue.replay(&record.id, "", "ops-a"), run.s.queue.replay(&record.id, "", "ops-b"));
         let outcomes = [run.must("replay", a)?, run.must("replay", b)?];
         let replayed = outcomes.iter().filter(|o| matches!(o, ReplayOutcome::Replayed(_))).count();
         ensure!(run, replayed == 1, "two replays at once should put the job back once, answered {outcomes:?}");
@@ -452,7 +453,7 @@ pub async fn reminders<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q
         .into_iter()
         .find(|r| r.key == Probe::key(68))
         .ok_or_else(|| run.fail("the record should be open"))?;
-    let outcome = run.must("replay", run.s.queue.replay(&record.id).await)?;
+    let outcome = run.must("replay", run.s.queue.replay(&record.id, "", "ops").await)?;
     ensure!(run, matches!(outcome, ReplayOutcome::Replayed(_)), "the replay should replay, got {outcome:?}");
     run.wait_for_effects(1).await?;
     tokio::time::sleep(run.s.timing.lease).await; // a sweep that listed the record before the replay

@@ -17,14 +17,14 @@
 //! | 1 | [`replay`] | the same job enqueued twice: one effect |
 //! | 2 | [`race`] | two workers given the same job at once: one effect, one recorded skip |
 //! | 3 | [`exhaust`] | an always-failing job: `cap` attempts, one full failure record, one alert |
-//! | 4 | [`recover`] | replay from the record: the effect once, the record closed, a second replay inert |
+//! | 4 | [`recover`] | replay from the record: the effect once, the record closed with who and why, a second replay inert |
 //! | 5 | [`key_conflict`] | the same key with another payload: a typed error, nothing changed |
 //! | 6 | [`undecodable`] | a payload that does not decode: a failure record at once, no retries |
 //! | 7 | [`oversized`] | a payload over the limit: a typed error, nothing sent |
 //! | 8 | [`dead_worker`] | a worker that dies holding a lease: the job runs again after it, once |
 //! | 9 | [`stale_lease`] | an expired, re-claimed lease cannot settle the job |
 //! | 10 | [`many_workers`] | many workers, many jobs, duplicate keys: each key done once or recorded |
-//! | 11 | [`discard_and_purge`] | discard with reason and actor, purge by age, counts right |
+//! | 11 | [`discard_and_purge`] | discard with reason and actor (blank ones refused), purge by age, counts right |
 //! | 12 | [`graceful_shutdown`] | shutdown loses and duplicates nothing |
 //! | 13 | [`stranded_claims`] | a worker that dies strands its claimed-ahead jobs for the claim lease, not the lease |
 //! | 14 | [`slow_handler`] | a handler running 2.5× its lease, heartbeat on or off: one start, one effect |

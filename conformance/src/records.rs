@@ -8,7 +8,7 @@ use crate::sample_record as record;
 
 /// Panics unless `store` keeps records once by id and scoped by queue, reads them back as
 /// written, gives a replay's take to one caller, gives it back or closes it, keeps a replayed
-/// record replayed, reopens a take whose window lapsed, pages in the order kept, finds text with
+/// record replayed (with who and why), reopens a take whose window lapsed, pages in the order kept, finds text with
 /// quotes and newlines, and purges by age. Give it a store with no records of the queue
 /// `arn:aws:sqs:us-east-1:000000000000:jobs`.
 pub async fn check_record_store(store: &impl RecordStore) {
@@ -30,8 +30,13 @@ pub async fn check_record_store(store: &impl RecordStore) {
     assert_eq!(store.close_record(queue, id, &RecordState::Open).await.unwrap(), None);
     assert_eq!(store.record(queue, id).await.unwrap().state, RecordState::Open);
     assert!(matches!(store.take_for_replay(queue, id, window).await.unwrap(), Taken::Record(_)));
-    let replayed = RecordState::Replayed { at: chrono::Utc::now() };
+    let replayed = RecordState::Replayed { at: chrono::Utc::now(), reason: "fixed".into(), actor: "ops".into() };
     assert_eq!(store.close_record(queue, id, &replayed).await.unwrap(), None);
+    let kept = store.record(queue, id).await.unwrap().state;
+    assert!(
+        matches!(&kept, RecordState::Replayed { reason, actor, .. } if reason == "fixed" && actor == "ops"),
+        "a replay keeps who and why: {kept:?}"
+    );
     let discarded = RecordState::Discarded { at: chrono::Utc::now(), reason: "dup".into(), actor: "ops".into() };
     let before = store.close_record(queue, id, &discarded).await.unwrap();
     assert!(matches!(before, Some(RecordState::Replayed { .. })), "a replayed record stays replayed: {before:?}");

@@ -154,7 +154,8 @@ pub async fn exhaust<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, 
 }
 
 /// Behaviour 4: Remove the fault, replay the record with its original key: the effect happens once, the
-/// record is closed as replayed; replaying it again does nothing more. Replay by filter too.
+/// record is closed as replayed, with who and why; replaying it again does nothing more. Replay by
+/// filter too. A replay by nobody is refused.
 pub async fn recover<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("recover", subject);
     let job = exhaust_one(&run, 4).await?;
@@ -170,10 +171,17 @@ pub async fn recover<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, 
         let ids: Vec<_> = found.iter().map(|r| &r.id).collect();
         ensure!(run, ids == [&record.id], "listing by {how} should find the one record {}, found {ids:?}", record.id);
     }
-    let outcome = run.must("replay", run.s.queue.replay(&record.id).await)?;
+    let nobody = run.s.queue.replay(&record.id, "fixed", " ").await;
+    ensure!(
+        run,
+        nobody.as_ref().is_err_and(|e| e.kind() == ErrorKind::InvalidInput),
+        "a replay by nobody should be refused as InvalidInput, got {nobody:?}"
+    );
+    let outcome = run.must("replay", run.s.queue.replay(&record.id, "fixed in 1.4.2", "ops@example.com").await)?;
     ensure!(run, matches!(outcome, ReplayOutcome::Replayed(_)), "the first replay should replay, got {outcome:?}");
     let by_filter = FailureQuery { kind: Some(other.kind.clone()), ..FailureQuery::open() };
-    let replayed = run.must("replay by filter", run.s.queue.replay_matching(&by_filter, 50).await)?;
+    let replayed =
+        run.must("replay by filter", run.s.queue.replay_matching(&by_filter, 50, "carrier back", "oncall").await)?;
     ensure!(
         run,
         replayed.len() == 1,
@@ -183,7 +191,7 @@ pub async fn recover<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, 
 
     let worker = run.worker(2);
     run.wait_for_effects(2).await?;
-    let again = run.must("second replay", run.s.queue.replay(&record.id).await)?;
+    let again = run.must("second replay", run.s.queue.replay(&record.id, "", "someone else").await)?;
     ensure!(
         run,
         matches!(again, ReplayOutcome::AlreadyClosed(RecordState::Replayed { .. })),
@@ -200,13 +208,19 @@ pub async fn recover<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, 
         effects[0].earlier_attempt_pending,
         "the handler should learn that earlier attempts were left pending"
     );
+    // Each record keeps who replayed it and why, as a discard does; a second replay changes neither.
+    let other_record = run.must("list", run.s.queue.list(&FailureQuery::by_key(other.key.clone())).await)?;
     let closed = run.must("get", run.s.queue.get(&record.id).await)?;
-    ensure!(
-        run,
-        matches!(closed.state, RecordState::Replayed { .. }),
-        "the record should be closed as replayed, is {:?}",
-        closed.state
-    );
+    for (record, reason, actor) in
+        [(Some(&closed), "fixed in 1.4.2", "ops@example.com"), (other_record.first(), "carrier back", "oncall")]
+    {
+        let state = record.map(|r| &r.state);
+        ensure!(
+            run,
+            matches!(state, Some(RecordState::Replayed { reason: r, actor: a, .. }) if r == reason && a == actor),
+            "the record should be closed as replayed by {actor} ({reason}), is {state:?}"
+        );
+    }
     ensure!(run, run.must("count", run.s.queue.count_open().await)? == 0, "no record should stay open");
     run.report(&[4, 5], &[]).await
 }
@@ -416,7 +430,8 @@ pub async fn many_workers<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
     run.report(&succeed, &fail).await
 }
 
-/// Behaviour 11: Discard with reason and actor; purge by age; the open count stays right throughout.
+/// Behaviour 11: Discard with reason and actor (a blank one refused); purge by age; the open count
+/// stays right throughout.
 pub async fn discard_and_purge<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("discard_and_purge", subject);
     let q = &run.s.queue;
@@ -445,6 +460,15 @@ pub async fn discard_and_purge<Q: Queue, L: Ledger + Clone + 'static>(subject: S
     ensure!(run, keys.len() == 3, "pages should not overlap");
 
     let target = first_page[0].id.clone();
+    for (reason, actor) in [("", "ops@example.com"), (" \t\n", "ops@example.com"), ("refunded by hand", " ")] {
+        let refused = q.discard(&target, reason, actor).await;
+        ensure!(
+            run,
+            refused.as_ref().is_err_and(|e| e.kind() == ErrorKind::InvalidInput),
+            "a discard with reason {reason:?} by {actor:?} should be refused as InvalidInput, got {refused:?}"
+        );
+    }
+    ensure!(run, run.must("count", q.count_open().await)? == 3, "a refused discard should leave the record open");
     run.must("discard", q.discard(&target, "refunded by hand", "ops@example.com").await)?;
     let discarded = run.must("get", q.get(&target).await)?;
     let RecordState::Discarded { reason, actor, .. } = &discarded.state else {
@@ -458,7 +482,7 @@ pub async fn discard_and_purge<Q: Queue, L: Ledger + Clone + 'static>(subject: S
     ensure!(run, run.must("count", q.count_open().await)? == 2, "two open records after a discard");
     let closed = run.must("list", q.list(&FailureQuery { open: Some(false), ..FailureQuery::default() }).await)?;
     ensure!(run, closed.len() == 1 && closed[0].id == target, "the closed list should hold the discarded record");
-    let replay = run.must("replay", q.replay(&target).await)?;
+    let replay = run.must("replay", q.replay(&target, "", "ops").await)?;
     ensure!(
         run,
         matches!(replay, ReplayOutcome::AlreadyClosed(_)),

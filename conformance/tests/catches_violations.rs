@@ -12,8 +12,8 @@ use std::time::Duration;
 use redrive_conformance::{Subject, Timing};
 use redrive_core::{
     Backend, Begin, Capabilities, Claim, Claimed, DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery,
-    FailureRecord, Hold, IdempotencyKey, Kinds, Lease, Ledger, MemoryBackend, NewJob, ProviderKey, Renew, Replay,
-    ReplayOutcome, Result,
+    FailureRecord, Hold, IdempotencyKey, Kinds, Lease, Ledger, MemoryBackend, NewJob, ProviderKey, RecordState, Renew,
+    Replay, ReplayOutcome, Result,
 };
 use serde_json::Value;
 
@@ -50,6 +50,11 @@ enum Fault {
     /// `replay` sends the job whatever the record's state, as a read-check-send replay does when
     /// two run at once.
     ReplayUnchecked,
+    /// A discard with a blank reason is accepted (as the command's was).
+    DiscardWithoutReason,
+    /// A replayed record reads without who replayed it and why, as a store without the columns
+    /// would keep it.
+    ReplayForgetsWho,
 }
 
 impl Broken {
@@ -135,17 +140,33 @@ impl Renew for Broken {
     }
 }
 
+impl Broken {
+    /// `record` as this backend reads it back.
+    fn stored(&self, mut record: FailureRecord) -> FailureRecord {
+        if self.has(Fault::ReplayForgetsWho)
+            && let RecordState::Replayed { reason, actor, .. } = &mut record.state
+        {
+            reason.clear();
+            actor.clear();
+        }
+        record
+    }
+}
+
 impl DeadLetter for Broken {
     async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
-        self.0.list(query).await
+        Ok(self.0.list(query).await?.into_iter().map(|r| self.stored(r)).collect())
     }
     async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
-        self.0.get(id).await
+        Ok(self.stored(self.0.get(id).await?))
     }
     async fn count_open(&self) -> Result<u64> {
         self.0.count_open().await
     }
     async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        if self.has(Fault::DiscardWithoutReason) && reason.trim().is_empty() {
+            return self.0.discard(id, "(none given)", actor).await;
+        }
         self.0.discard(id, reason, actor).await
     }
     async fn purge(&self, age: Duration) -> Result<u64> {
@@ -157,8 +178,8 @@ impl DeadLetter for Broken {
 }
 
 impl Replay for Broken {
-    async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
-        match self.0.replay(id).await? {
+    async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
+        match self.0.replay(id, reason, actor).await? {
             ReplayOutcome::AlreadyClosed(_) if self.has(Fault::ReplayUnchecked) => {
                 let record = self.0.get(id).await?;
                 Ok(ReplayOutcome::Replayed(record.job_id))
@@ -351,4 +372,17 @@ async fn a_lease_that_cannot_be_kept_while_a_completion_is_retried_fails_settle_
     // again, and it is claimed a second time (the same fault a worker that gives up shows).
     let violation = redrive_conformance::settle_retried(broken(&[Fault::RenewalsLie], timing())).await.unwrap_err();
     assert!(violation.message.contains("claimed again"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discard_without_a_reason_fails_discard_and_purge() {
+    let subject = broken(&[Fault::DiscardWithoutReason], timing());
+    let violation = redrive_conformance::discard_and_purge(subject).await.unwrap_err();
+    assert!(violation.message.contains("should be refused as InvalidInput"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_forgets_who_fails_recover() {
+    let violation = redrive_conformance::recover(broken(&[Fault::ReplayForgetsWho], timing())).await.unwrap_err();
+    assert!(violation.message.contains("closed as replayed by ops@example.com"), "{violation}");
 }

@@ -27,7 +27,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::job::{Job, JobId, JobRecord, NewJob, Severity};
 use crate::key::{IdempotencyKey, ProviderKey};
 use crate::redact::debug_redacted;
@@ -310,6 +310,13 @@ pub enum RecordState {
     Replayed {
         /// When.
         at: DateTime<Utc>,
+        /// Why (may be empty: a replay loses nothing). Empty on records replayed before replays
+        /// were audited, and while a broker's replay is being sent.
+        #[serde(default)]
+        reason: String,
+        /// Who.
+        #[serde(default)]
+        actor: String,
     },
     /// Closed without a replay.
     Discarded {
@@ -424,7 +431,9 @@ pub trait DeadLetter: Send + Sync {
     /// How many records are open: the figure a health check or metric reads.
     fn count_open(&self) -> impl Future<Output = Result<u64>> + Send;
 
-    /// Closes an open record without replaying it, keeping why and who.
+    /// Closes an open record without replaying it, keeping why and who. A blank `reason` or
+    /// `actor` is refused ([`InvalidInput`](crate::ErrorKind::InvalidInput), see
+    /// [`require_audit`]): the work is dropped, and the record is what says why and by whom.
     fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> impl Future<Output = Result<()>> + Send;
 
     /// Deletes records (any state) whose last failure is older than `age`, payloads included.
@@ -443,29 +452,45 @@ pub enum ReplayOutcome {
 
 /// Puts failed jobs back.
 pub trait Replay: Send + Sync {
-    /// Replays one open record with its original keys and closes it.
-    fn replay(&self, id: &FailureId) -> impl Future<Output = Result<ReplayOutcome>> + Send;
+    /// Replays one open record with its original keys and closes it as replayed, keeping why and
+    /// who, as a discard does. A blank `actor` is refused
+    /// ([`InvalidInput`](crate::ErrorKind::InvalidInput)); `reason` may be empty (a replay drops
+    /// nothing; its usual reason is the fix just deployed).
+    fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> impl Future<Output = Result<ReplayOutcome>> + Send;
+}
+
+/// Refuses `text` if it is blank: what a record keeps of who closed it (and why, for a discard).
+/// `what` names it in the error (`"a discard's reason"`). Every backend checks before it changes
+/// anything.
+pub fn require_audit(what: &str, text: &str) -> Result<()> {
+    if text.trim().is_empty() {
+        return Err(Error::new(ErrorKind::InvalidInput, format!("{what} is required: it stays with the record")));
+    }
+    Ok(())
 }
 
 /// Conveniences over [`Replay`] and [`DeadLetter`].
 pub trait ReplayExt: Replay + DeadLetter {
-    /// Replays every open record matching `query` (all pages), at most `per_second` a second.
-    /// Returns the jobs put back.
+    /// Replays every open record matching `query` (all pages), at most `per_second` a second,
+    /// each closed with `reason` and `actor` (see [`Replay::replay`]). Returns the jobs put back.
     fn replay_matching(
         &self,
         query: &FailureQuery,
         per_second: u32,
+        reason: &str,
+        actor: &str,
     ) -> impl Future<Output = Result<Vec<JobId>>> + Send {
         let mut query = FailureQuery { open: Some(true), after: None, ..query.clone() };
         let gap = Duration::from_secs(1) / per_second.max(1);
         async move {
+            require_audit("a replay's actor", actor)?;
             let mut replayed = Vec::new();
             let mut pace = tokio::time::interval(gap);
             loop {
                 let page = self.list(&query).await?;
                 for record in &page {
                     pace.tick().await;
-                    if let ReplayOutcome::Replayed(job) = self.replay(&record.id).await? {
+                    if let ReplayOutcome::Replayed(job) = self.replay(&record.id, reason, actor).await? {
                         replayed.push(job);
                     }
                 }
@@ -617,3 +642,25 @@ debug_redacted!(FailureRecord {
     ],
     hide: [payload],
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replayed_state_kept_before_replays_were_audited_still_reads() {
+        // As broker stores kept it (JSON), and as a take reads until its replay closes it.
+        let old: RecordState = serde_json::from_str(r#"{"state":"replayed","at":"2026-01-02T03:04:05Z"}"#).unwrap();
+        assert!(matches!(old, RecordState::Replayed { reason, actor, .. } if reason.is_empty() && actor.is_empty()));
+    }
+
+    #[test]
+    fn blank_audit_text_is_refused_as_invalid_input() {
+        for blank in ["", " ", "\t\n"] {
+            let refused = require_audit("a discard's reason", blank).unwrap_err();
+            assert_eq!(refused.kind(), ErrorKind::InvalidInput);
+            assert!(refused.to_string().contains("a discard's reason is required"), "{refused}");
+        }
+        assert!(require_audit("a discard's reason", "refunded").is_ok());
+    }
+}

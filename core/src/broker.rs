@@ -20,7 +20,7 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::backend::{
-    AttemptError, DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayOutcome,
+    AttemptError, DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayOutcome, require_audit,
 };
 use crate::envelope::{ENVELOPE_VERSION, Envelope};
 use crate::error::{Error, ErrorKind, Result, Retry};
@@ -159,6 +159,8 @@ impl<B: Broker> DeadLetter for B {
     }
 
     async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        require_audit("a discard's reason", reason)?;
+        require_audit("a discard's actor", actor)?;
         let record = self.get(id).await?;
         let state = RecordState::Discarded { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
         if self.record_store().close_record(self.record_scope(), id, &state).await?.is_none() {
@@ -180,7 +182,8 @@ impl<B: Broker> Replay for B {
     /// past the send, within five minutes, it sends nothing more; a replay that died before
     /// closing leaves the record open again after five minutes, and a replay then sends it
     /// again (the effect ledger keeps the effect to one).
-    async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
+    async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
+        require_audit("a replay's actor", actor)?;
         let record = self.get(id).await?;
         if !record.state.is_open() {
             return Ok(ReplayOutcome::AlreadyClosed(record.state));
@@ -220,8 +223,9 @@ impl<B: Broker> Replay for B {
         if self.stop_after_replay_send() {
             return Err(Error::temporary("injected: the replay stopped after its send"));
         }
-        store.close_record(scope, id, &RecordState::Replayed { at: Utc::now() }).await?;
-        info!(record = %id, kind = %record.kind, key = %record.key, job = %sent, "failure record replayed");
+        let replayed = RecordState::Replayed { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
+        store.close_record(scope, id, &replayed).await?;
+        info!(record = %id, kind = %record.kind, key = %record.key, job = %sent, actor, reason, "failure record replayed");
         Ok(ReplayOutcome::Replayed(sent))
     }
 }

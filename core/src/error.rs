@@ -20,6 +20,9 @@ pub enum ErrorKind {
     InvalidKey,
     /// A payload or message does not decode.
     Decode,
+    /// An argument the call cannot act on: a discard without a reason, a replay or discard
+    /// without an actor.
+    InvalidInput,
     /// A configuration that would lose data or cannot work, refused at start-up.
     Config,
     /// The backend (database, broker, HTTP API) failed.

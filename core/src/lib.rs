@@ -32,7 +32,7 @@ pub use alert::{Alert, AlertSink, AlertSinkExt, BoxFuture, TracingAlerts};
 pub use backend::{
     AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Counts, DeadLetter, Dedupe, Enqueue, EnqueueExt,
     Enqueued, FailureId, FailureQuery, FailureRecord, Hold, Kinds, Lease, Ledger, NoRenewal, QueueStats, QueueStatsExt,
-    RecordState, Renew, Replay, ReplayExt, ReplayOutcome,
+    RecordState, Renew, Replay, ReplayExt, ReplayOutcome, require_audit,
 };
 pub use envelope::Envelope;
 pub use error::{Error, ErrorKind, Result, Retry};

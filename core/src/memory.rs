@@ -16,6 +16,7 @@ use uuid::Uuid;
 use crate::backend::{
     AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Counts, DeadLetter, Enqueue, Enqueued, FailureId,
     FailureQuery, FailureRecord, Hold, Kinds, Lease, Ledger, QueueStats, RecordState, Renew, Replay, ReplayOutcome,
+    require_audit,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{JobId, JobRecord, NewJob};
@@ -424,6 +425,8 @@ impl DeadLetter for MemoryBackend {
     }
 
     async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        require_audit("a discard's reason", reason)?;
+        require_audit("a discard's actor", actor)?;
         let n = parse_id(&id.0)?;
         let mut state = self.lock();
         let record = state
@@ -461,7 +464,8 @@ impl DeadLetter for MemoryBackend {
 }
 
 impl Replay for MemoryBackend {
-    async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
+    async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
+        require_audit("a replay's actor", actor)?;
         let n = parse_id(&id.0)?;
         let mut state = self.lock();
         let record =
@@ -480,7 +484,8 @@ impl Replay for MemoryBackend {
         // A person asked for it to run: its deadline, if it had one, no longer applies.
         job.job.deadline = None;
         job.status = Status::Queued { ready_at: Instant::now() };
-        state.records.get_mut(&n).expect("looked up above").state = RecordState::Replayed { at: Utc::now() };
+        state.records.get_mut(&n).expect("looked up above").state =
+            RecordState::Replayed { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
         drop(state);
         self.work.notify_waiters();
         Ok(ReplayOutcome::Replayed(job_id))

@@ -47,7 +47,8 @@ pub trait RecordStore: Send + Sync + 'static {
     fn open_records<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64>>;
 
     /// Takes an open record for a replay, for `window`: until it lapses, every other caller
-    /// finds the record closed as replayed.
+    /// finds the record closed as replayed (with no actor or reason yet: the replay's
+    /// [`close_record`](Self::close_record) writes them).
     fn take_for_replay<'a>(
         &'a self,
         queue: &'a str,
@@ -55,8 +56,8 @@ pub trait RecordStore: Send + Sync + 'static {
         window: Duration,
     ) -> BoxFuture<'a, Result<Taken>>;
 
-    /// Closes a record as `state` (replayed or discarded): from open, or, for a replay, from
-    /// taken. Returns the state it had if it was closed already, and then changes nothing.
+    /// Closes a record as `state` (replayed or discarded, each kept whole, actor and reason
+    /// included): from open, or, for a replay, from taken. Returns the state it had if it was closed already, and then changes nothing.
     fn close_record<'a>(
         &'a self,
         queue: &'a str,

@@ -13,6 +13,7 @@ use crate::{App, Records};
 pub(crate) struct Run {
     pub(crate) filter: String,
     pub(crate) by: String,
+    pub(crate) reason: String,
     pub(crate) total: u64,
     pub(crate) replayed: AtomicU64,
     pub(crate) closed: AtomicU64,
@@ -28,7 +29,7 @@ impl Runs {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).get(number.checked_sub(1)?).cloned()
     }
 
-    /// Starts replaying `ids`, `per_second` at most; its number, from 1.
+    /// Starts replaying `ids`, `per_second` at most, each as `by` for `reason`; its number, from 1.
     pub(crate) fn start<B: Records>(
         &self,
         app: Arc<App<B>>,
@@ -36,10 +37,12 @@ impl Runs {
         per_second: u32,
         filter: String,
         by: String,
+        reason: String,
     ) -> usize {
         let run = Arc::new(Run {
             filter,
             by,
+            reason,
             total: ids.len() as u64,
             replayed: AtomicU64::new(0),
             closed: AtomicU64::new(0),
@@ -55,7 +58,7 @@ impl Runs {
             let mut pace = tokio::time::interval(Duration::from_secs(1) / per_second.max(1));
             for id in ids {
                 pace.tick().await;
-                match app.backend.replay(&id).await {
+                match app.backend.replay(&id, &run.reason, &run.by).await {
                     Ok(ReplayOutcome::Replayed(_)) => run.replayed.fetch_add(1, Ordering::Relaxed),
                     Ok(ReplayOutcome::AlreadyClosed(_)) => run.closed.fetch_add(1, Ordering::Relaxed),
                     Err(e) => {

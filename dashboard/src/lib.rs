@@ -1,7 +1,7 @@
 //! A web dashboard for redrive's failure records, on any backend: the open records by kind and
 //! severity, one record's payload beside its error history, replay and discard with a
-//! confirmation, bulk replay of a filter with its progress, the audit trail, the queue's depth,
-//! and a Prometheus `/metrics`.
+//! confirmation, bulk replay of a filter with its progress, the audit trail (who closed each
+//! record and why, as the records keep it), the queue's depth, and a Prometheus `/metrics`.
 //!
 //! ```no_run
 //! # async fn run(backend: redrive_core::MemoryBackend) -> Result<(), Box<dyn std::error::Error>> {
@@ -44,7 +44,7 @@ mod views;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
@@ -131,7 +131,6 @@ impl<B: Records> Dashboard<B> {
             auth: Auth::new(self.token, self.https),
             metrics: self.metrics,
             bulk: bulk::Runs::default(),
-            actions: Mutex::default(),
         });
         pages::routes::<B>()
             .route("/metrics", get(pages::metrics::<B>))
@@ -166,8 +165,6 @@ pub(crate) struct App<B> {
     pub(crate) auth: Auth,
     pub(crate) metrics: Option<PrometheusHandle>,
     pub(crate) bulk: bulk::Runs,
-    /// What operators did through this dashboard since it started, newest last.
-    pub(crate) actions: Mutex<Vec<views::Action>>,
 }
 
 /// The CSRF token of this browser, for the forms a page renders.

@@ -18,7 +18,7 @@ use redrive_core::{ErrorKind, FailureId, FailureQuery, FailureRecord, RecordStat
 use serde::Deserialize;
 
 use crate::auth::{Client, SignIn, csrf_refusal};
-use crate::views::{self, Action, Frame};
+use crate::views::{self, Frame};
 use crate::{App, Csrf, Records};
 
 /// Open records an overview or a bulk replay reads at most.
@@ -71,6 +71,7 @@ fn failed(e: redrive_core::Error) -> Response {
     let status = match e.kind() {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::InvalidName | ErrorKind::InvalidKey => StatusCode::BAD_REQUEST,
+        ErrorKind::InvalidInput => StatusCode::UNPROCESSABLE_ENTITY,
         _ => StatusCode::BAD_GATEWAY,
     };
     problem(status, e.to_string())
@@ -91,6 +92,10 @@ pub(crate) struct Filter {
     older_than: String,
     #[serde(default)]
     after: String,
+    /// Only records whose last failure is before this instant (milliseconds since the epoch):
+    /// a bulk replay's confirmation fixes `older_than` to it. Wins over `older_than`.
+    #[serde(default)]
+    before: String,
 }
 
 impl Filter {
@@ -111,6 +116,10 @@ impl Filter {
             other => return Err(format!("no state {other:?}: open, closed or all")),
         };
         let failed_before = match self.older_than.trim() {
+            _ if !self.before.is_empty() => {
+                let at = self.before.parse().ok().and_then(DateTime::<Utc>::from_timestamp_millis);
+                Some(at.ok_or_else(|| format!("the instant {:?} is not milliseconds since the epoch", self.before))?)
+            }
             "" => None,
             age => {
                 let age = humantime::parse_duration(age).map_err(|e| format!("the age {age:?}: {e}"))?;
@@ -312,11 +321,6 @@ struct Act {
     reason: String,
 }
 
-fn note<B>(app: &App<B>, by: &str, what: String, record: Option<&FailureId>) {
-    let action = Action { at: Utc::now(), by: by.to_owned(), what, record: record.map(|id| id.0.clone()) };
-    app.actions.lock().unwrap_or_else(|e| e.into_inner()).push(action);
-}
-
 /// Refuses a post without CSRF token or name: the response to send instead.
 fn refuse(headers: &HeaderMap, jar: &CookieJar, form: &Act) -> Option<Response> {
     if let Some(why) = csrf_refusal(headers, jar, &form.csrf) {
@@ -341,10 +345,9 @@ async fn replay<B: Records>(
     }
     let id = FailureId(id);
     let by = form.by.trim();
-    let done = match app.backend.replay(&id).await {
+    let done = match app.backend.replay(&id, form.reason.trim(), by).await {
         Ok(ReplayOutcome::Replayed(job)) => {
             tracing::info!(record = %id, job = %job, by, "replayed from the dashboard");
-            note(&app, by, "replayed".into(), Some(&id));
             "replayed"
         }
         Ok(ReplayOutcome::AlreadyClosed(_)) => "closed",
@@ -373,7 +376,6 @@ async fn discard<B: Records>(
         return failed(e);
     }
     tracing::info!(record = %id, by, "discarded from the dashboard");
-    note(&app, by, format!("discarded: {reason}"), Some(&id));
     Redirect::to(&format!("/records/{}?done=discarded", encode(&id.0))).into_response()
 }
 
@@ -382,7 +384,17 @@ async fn confirm_bulk<B: Records>(
     Query(filter): Query<Filter>,
     Extension(csrf): Extension<Csrf>,
 ) -> Response {
-    let filter = Filter { state: "open".into(), after: String::new(), ..filter };
+    // The age becomes an instant, so that the post matches what is confirmed here, not what has
+    // aged into the filter since (or failed since: those fail after the instant).
+    let filter = match filter.query(1) {
+        Ok(query) => Filter {
+            state: "open".into(),
+            after: String::new(),
+            before: query.failed_before.unwrap_or_else(Utc::now).timestamp_millis().to_string(),
+            ..filter
+        },
+        Err(m) => return problem(StatusCode::BAD_REQUEST, m),
+    };
     let (found, _) = match matching(&app, &filter, READ_AT_MOST).await {
         Ok(found) => found,
         Err(response) => return response,
@@ -393,12 +405,20 @@ async fn confirm_bulk<B: Records>(
             frame: frame("Bulk replay"),
             filter: filter.describe(),
             count: found.len(),
+            confirmed: fingerprint(&found),
             kind: filter.kind,
             severity: filter.severity,
             older_than: filter.older_than,
+            before: filter.before,
             csrf: csrf.0,
         },
     )
+}
+
+/// What a bulk replay's confirmation and its post compare: the matching records' ids, hashed.
+fn fingerprint(records: &[FailureRecord]) -> String {
+    let ids: Vec<&str> = records.iter().map(|r| r.id.0.as_str()).collect();
+    redrive_core::payload_fingerprint(&serde_json::json!(ids))
 }
 
 #[derive(Debug, Deserialize)]
@@ -409,6 +429,9 @@ struct BulkForm {
     filter: Filter,
     #[serde(default)]
     rate: String,
+    /// The confirmed records' [`fingerprint`].
+    #[serde(default)]
+    confirmed: String,
 }
 
 async fn bulk<B: Records>(
@@ -424,6 +447,9 @@ async fn bulk<B: Records>(
         Ok(rate) if (1..=1000).contains(&rate) => rate,
         _ => return problem(StatusCode::UNPROCESSABLE_ENTITY, "The rate is replays a second, 1 to 1000."),
     };
+    if form.filter.before.is_empty() || form.confirmed.is_empty() {
+        return problem(StatusCode::UNPROCESSABLE_ENTITY, "Confirm the bulk replay on its page first.");
+    }
     let filter = Filter { state: "open".into(), after: String::new(), ..form.filter };
     // Every page first, then the replays: a replayed record closes, which would shift the pages.
     let (found, _) = match matching(&app, &filter, READ_AT_MOST).await {
@@ -433,12 +459,24 @@ async fn bulk<B: Records>(
     if found.is_empty() {
         return problem(StatusCode::NOT_FOUND, format!("No {} to replay.", filter.describe()));
     }
-    let by = form.act.by.trim().to_owned();
+    // Only what the operator saw and confirmed: a record failed, replayed or discarded since
+    // changes the set, and the operator confirms again.
+    if fingerprint(&found) != form.confirmed {
+        let again = format!("/replay?{}", filter.query_string(None));
+        return problem(
+            StatusCode::CONFLICT,
+            format!(
+                "The matching records changed since you confirmed ({} match now): nothing was replayed. \
+                 Confirm again at {again}.",
+                found.len()
+            ),
+        );
+    }
+    let (by, reason) = (form.act.by.trim().to_owned(), form.act.reason.trim().to_owned());
     let described = filter.describe();
     tracing::info!(records = found.len(), rate, by, "bulk replay started from the dashboard");
-    note(&app, &by, format!("started a bulk replay of {} {described} at {rate}/s", found.len()), None);
     let ids = found.into_iter().map(|r| r.id).collect();
-    let number = app.bulk.start(app.clone(), ids, rate, described, by);
+    let number = app.bulk.start(app.clone(), ids, rate, described, by, reason);
     Redirect::to(&format!("/replays/{number}")).into_response()
 }
 
@@ -462,27 +500,16 @@ async fn progress<B: Records>(State(app): Shared<B>, Path(number): Path<usize>) 
     )
 }
 
+/// The audit trail: every closed record, with who closed it and why, as the records keep it (so
+/// it is the same from every dashboard and after a restart, and includes the command's work).
 async fn audit<B: Records>(State(app): Shared<B>) -> Response {
-    let actions = {
-        let actions = app.actions.lock().unwrap_or_else(|e| e.into_inner());
-        actions
-            .iter()
-            .rev()
-            .map(|a| views::ActionLine {
-                at: views::time(a.at),
-                by: a.by.clone(),
-                what: a.what.clone(),
-                record: a.record.clone(),
-            })
-            .collect()
-    };
     let closed_filter = Filter { state: "closed".into(), ..Filter::default() };
     let (mut closed, truncated) = match matching(&app, &closed_filter, READ_AT_MOST).await {
         Ok(found) => found,
         Err(response) => return response,
     };
     let closed_at = |r: &FailureRecord| match &r.state {
-        RecordState::Replayed { at } | RecordState::Discarded { at, .. } => *at,
+        RecordState::Replayed { at, .. } | RecordState::Discarded { at, .. } => *at,
         RecordState::Open => r.last_failed_at,
     };
     closed.sort_by_key(|r| std::cmp::Reverse(closed_at(r)));
@@ -493,15 +520,12 @@ async fn audit<B: Records>(State(app): Shared<B>) -> Response {
             kind: r.kind.clone(),
             key: r.key.to_string(),
             at: views::time(closed_at(r)),
-            what: match &r.state {
-                RecordState::Discarded { reason, actor, .. } => format!("discarded by {actor}: {reason}"),
-                _ => "replayed".into(),
-            },
+            what: views::closed_how(&r.state),
         })
         .collect();
     render(
         StatusCode::OK,
-        views::Audit { frame: frame("Audit trail"), actions, closed, truncated: truncated.then_some(READ_AT_MOST) },
+        views::Audit { frame: frame("Audit trail"), closed, truncated: truncated.then_some(READ_AT_MOST) },
     )
 }
 

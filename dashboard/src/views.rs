@@ -32,9 +32,24 @@ pub(crate) fn short(text: &str, max: usize) -> String {
 pub(crate) fn state_name(state: &RecordState) -> String {
     match state {
         RecordState::Open => "open".into(),
-        RecordState::Replayed { at } => format!("replayed {}", time(*at)),
-        RecordState::Discarded { at, reason, actor } => format!("discarded {} by {actor}: {reason}", time(*at)),
+        RecordState::Replayed { at, reason, actor } => format!("replayed {}{}", time(*at), by_for(actor, reason)),
+        RecordState::Discarded { at, reason, actor } => format!("discarded {}{}", time(*at), by_for(actor, reason)),
     }
+}
+
+/// How a record was closed, by whom and why: `replayed by ada: fixed in 1.4.2`.
+pub(crate) fn closed_how(state: &RecordState) -> String {
+    match state {
+        RecordState::Open => "open".into(),
+        RecordState::Replayed { reason, actor, .. } => format!("replayed{}", by_for(actor, reason)),
+        RecordState::Discarded { reason, actor, .. } => format!("discarded{}", by_for(actor, reason)),
+    }
+}
+
+/// ` by ada: why`, leaving out what the record does not say (replays before they were audited).
+fn by_for(actor: &str, reason: &str) -> String {
+    let by = if actor.is_empty() { String::new() } else { format!(" by {actor}") };
+    if reason.is_empty() { by } else { format!("{by}: {reason}") }
 }
 
 /// What every page's frame shows.
@@ -204,9 +219,11 @@ pub(crate) struct BulkConfirm {
     pub(crate) frame: Frame,
     pub(crate) filter: String,
     pub(crate) count: usize,
+    pub(crate) confirmed: String,
     pub(crate) kind: String,
     pub(crate) severity: String,
     pub(crate) older_than: String,
+    pub(crate) before: String,
     pub(crate) csrf: String,
 }
 
@@ -223,22 +240,6 @@ pub(crate) struct Progress {
     pub(crate) running: bool,
 }
 
-/// What an operator did through this dashboard.
-#[derive(Clone)]
-pub(crate) struct Action {
-    pub(crate) at: DateTime<Utc>,
-    pub(crate) by: String,
-    pub(crate) what: String,
-    pub(crate) record: Option<String>,
-}
-
-pub(crate) struct ActionLine {
-    pub(crate) at: String,
-    pub(crate) by: String,
-    pub(crate) what: String,
-    pub(crate) record: Option<String>,
-}
-
 pub(crate) struct Closed {
     pub(crate) id: String,
     pub(crate) kind: String,
@@ -251,7 +252,6 @@ pub(crate) struct Closed {
 #[template(path = "audit.html")]
 pub(crate) struct Audit {
     pub(crate) frame: Frame,
-    pub(crate) actions: Vec<ActionLine>,
     pub(crate) closed: Vec<Closed>,
     pub(crate) truncated: Option<usize>,
 }

@@ -136,10 +136,13 @@ where
 
     println!("\n== 4. recover: the provider is back; replay the record to the source queue");
     payments.down.store(false, Ordering::SeqCst);
-    println!("   replay -> {:?} (a new message, the original keys)", queue.replay(&record.id).await?);
+    println!(
+        "   replay -> {:?} (a new message, the original keys)",
+        queue.replay(&record.id, "the API is back", "example").await?
+    );
     let w = worker(queue, ledger, &payments, &alerts);
     wait_until("the replayed charge", || payments.for_order(1003) == 1).await;
-    println!("   replay again -> {:?}", queue.replay(&record.id).await?);
+    println!("   replay again -> {:?}", queue.replay(&record.id, "the API is back", "example").await?);
     tokio::time::sleep(Duration::from_secs(1)).await;
     w.shutdown().await;
     println!("   charges for order 1003: {}", payments.for_order(1003));

@@ -5,7 +5,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redrive_core::{
     AttemptError, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey,
-    RecordState, Replay, ReplayOutcome, Result,
+    RecordState, Replay, ReplayOutcome, Result, require_audit,
 };
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -21,9 +21,11 @@ fn parse_record_id(id: &FailureId) -> Result<i64> {
 pub(super) fn record_from(row: &PgRow) -> Result<FailureRecord> {
     let state = match row.get::<&str, _>("state") {
         "open" => RecordState::Open,
-        "replayed" => {
-            RecordState::Replayed { at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default() }
-        }
+        "replayed" => RecordState::Replayed {
+            at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default(),
+            reason: row.get::<Option<String>, _>("replay_reason").unwrap_or_default(),
+            actor: row.get::<Option<String>, _>("replayed_by").unwrap_or_default(),
+        },
         _ => RecordState::Discarded {
             at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default(),
             reason: row.get::<Option<String>, _>("discard_reason").unwrap_or_default(),
@@ -94,6 +96,8 @@ impl DeadLetter for PgBackend {
     }
 
     async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        require_audit("a discard's reason", reason)?;
+        require_audit("a discard's actor", actor)?;
         let closed = q(&self.inner.sql.discard)
             .bind(parse_record_id(id)?)
             .bind(reason)
@@ -119,9 +123,12 @@ impl DeadLetter for PgBackend {
 }
 
 impl Replay for PgBackend {
-    async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
+    async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
+        require_audit("a replay's actor", actor)?;
         let row = q(&self.inner.sql.replay)
             .bind(parse_record_id(id)?)
+            .bind(reason)
+            .bind(actor)
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(|e| db(e, "replay"))?;

@@ -135,7 +135,8 @@ impl RecordStore for SqliteBackend {
     ) -> BoxFuture<'a, Result<Taken>> {
         Box::pin(async move {
             let now = now_ms();
-            let replayed = RecordState::Replayed { at: super::time(now) };
+            // Who and why come with the close.
+            let replayed = RecordState::Replayed { at: super::time(now), reason: String::new(), actor: String::new() };
             let row = q(sql::broker_take)
                 .bind(queue)
                 .bind(&id.0)

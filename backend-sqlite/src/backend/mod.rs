@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use redrive_core::{
     AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Counts, DeadLetter, Dedupe, Enqueue, Enqueued, Error,
     ErrorKind, FailureId, FailureQuery, FailureRecord, Hold, IdempotencyKey, JobId, JobRecord, Kinds, Lease, Ledger,
-    NewJob, ProviderKey, QueueStats, RecordState, Renew, Replay, ReplayOutcome, Result, Severity,
+    NewJob, ProviderKey, QueueStats, RecordState, Renew, Replay, ReplayOutcome, Result, Severity, require_audit,
 };
 use serde_json::Value;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow};
@@ -413,7 +413,11 @@ fn record_from(row: &SqliteRow) -> Result<FailureRecord> {
     let errors: Vec<AttemptError> = history(&row.get::<String, _>("errors"));
     let state = match row.get::<String, _>("state").as_str() {
         "open" => RecordState::Open,
-        "replayed" => RecordState::Replayed { at: time(row.get::<Option<i64>, _>("closed_at").unwrap_or_default()) },
+        "replayed" => RecordState::Replayed {
+            at: time(row.get::<Option<i64>, _>("closed_at").unwrap_or_default()),
+            reason: row.get::<Option<String>, _>("replay_reason").unwrap_or_default(),
+            actor: row.get::<Option<String>, _>("replay_actor").unwrap_or_default(),
+        },
         _ => RecordState::Discarded {
             at: time(row.get::<Option<i64>, _>("closed_at").unwrap_or_default()),
             reason: row.get::<Option<String>, _>("discard_reason").unwrap_or_default(),
@@ -654,6 +658,8 @@ impl DeadLetter for SqliteBackend {
     }
 
     async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        require_audit("a discard's reason", reason)?;
+        require_audit("a discard's actor", actor)?;
         let n = parse_id(&id.0)?;
         let done = q(sql::discard)
             .bind(n)
@@ -698,7 +704,8 @@ impl DeadLetter for SqliteBackend {
 }
 
 impl Replay for SqliteBackend {
-    async fn replay(&self, id: &FailureId) -> Result<ReplayOutcome> {
+    async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
+        require_audit("a replay's actor", actor)?;
         let n = parse_id(&id.0)?;
         let mut tx = self.write().await?;
         let row = q(sql::get_failure)
@@ -721,7 +728,14 @@ impl Replay for SqliteBackend {
             .await
             .map_err(|e| db(e, "replay"))?
             .ok_or_else(|| Error::new(ErrorKind::NotFound, "the record's job is gone"))?;
-        q(sql::close_replayed).bind(n).bind(now).execute(&mut *tx).await.map_err(|e| db(e, "replay"))?;
+        q(sql::close_replayed)
+            .bind(n)
+            .bind(now)
+            .bind(reason.to_owned())
+            .bind(actor.to_owned())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db(e, "replay"))?;
         tx.commit().await.map_err(|e| db(e, "commit replay"))?;
         self.wake();
         Ok(ReplayOutcome::Replayed(record.job_id))

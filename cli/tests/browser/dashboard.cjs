@@ -90,6 +90,7 @@ async function shot(page, name) {
     await next.click();
     await page.click('#replay');
     await page.fill('input[name=by]', 'grace');
+    await page.fill('input[name=reason]', 'carrier back');
     await shot(page, '07-replay-confirm');
     await page.click('#confirm');
     await page.waitForSelector('#notice');
@@ -98,8 +99,8 @@ async function shot(page, name) {
 
     // The audit trail names both.
     await page.goto(`${base}/audit`);
-    const audit = await page.textContent('#actions');
-    check(audit.includes('ada') && audit.includes('refunded by hand') && audit.includes('grace'), audit);
+    const audit = await page.textContent('#closed');
+    check(audit.includes('discarded by ada: refunded by hand') && audit.includes('replayed by grace: carrier back'), audit);
     await shot(page, '09-audit');
 
     // Sign out: the header's link, then the button; every page asks to sign in again.
