@@ -99,7 +99,12 @@ pub async fn payload_limits<Q: Queue, L: Ledger + Clone + 'static>(subject: Subj
     }
 
     let worker = run.worker(4);
-    run.wait_for_effects(sent.len()).await?;
+    if let Err(mut violation) = run.wait_for_effects(sent.len()).await {
+        let missing: Vec<u32> =
+            sent.keys().copied().filter(|id| run.script.effects_of(&Probe::key(*id)).is_empty()).collect();
+        violation.message = format!("{}: no effect for probes {missing:?}", violation.message);
+        return Err(violation);
+    }
     run.settle().await;
     worker.shutdown().await;
     for (id, body) in &sent {
