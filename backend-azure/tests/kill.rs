@@ -7,9 +7,9 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use redrive_azure::{AzureBackend, QueueOptions};
 use redrive_core::{DeadLetter, Enqueue, Job, JobContext, JobError, KeyBuilder, NewJob, RunningWorker, Worker};
 use redrive_postgres::{PgBackend, PgConfig};
-use redrive_azure::{AzureBackend, QueueOptions};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -16,9 +16,12 @@ use serde_json::Value;
 use crate::harness::{Fault, LogWatch, Probe, Run, ensure};
 use crate::{Outcome, Queue, Subject};
 
+/// A token, and whether a log line has held it.
+type Watch = (String, Arc<AtomicBool>);
+
 /// The tokens a worker was handed, each watched for in the log.
 #[derive(Clone, Default)]
-struct Tokens(Arc<Mutex<Vec<(String, Arc<AtomicBool>)>>>);
+struct Tokens(Arc<Mutex<Vec<Watch>>>);
 
 /// Shorter tokens could match unrelated text; every backend's are longer.
 const SHORTEST: usize = 8;

@@ -478,7 +478,7 @@ impl Enqueue for PgBackend {
         }
         let mut fingerprints: HashMap<&IdempotencyKey, String> = HashMap::new();
         for job in &jobs {
-            check_payload(&job, self.inner.config.max_payload)?;
+            check_payload(job, self.inner.config.max_payload)?;
             let fingerprint = job.fingerprint();
             if fingerprints.insert(&job.key, fingerprint.clone()).is_some_and(|f| f != fingerprint) {
                 return Err(Error::new(
