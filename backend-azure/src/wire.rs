@@ -84,9 +84,19 @@ impl Text {
     }
 }
 
-/// Encodes text for the queue: as it is, or in base64.
+/// Encodes text for the queue: as it is, or in base64. As it is, the noncharacters U+FFFE and
+/// U+FFFF, which JSON allows and XML (the queue's request and response bodies) does not, are
+/// written as JSON escapes: they decode to the same characters, and a message holding one
+/// neither fails to send nor breaks every receive it comes back in.
 pub(crate) fn encode(body: &str, base64: bool) -> String {
-    if base64 { STANDARD.encode(body) } else { body.to_owned() }
+    if base64 {
+        STANDARD.encode(body)
+    } else if body.contains(['\u{FFFE}', '\u{FFFF}']) {
+        // Only inside a JSON string can they appear, where the escape means the same.
+        body.replace('\u{FFFE}', "\\ufffe").replace('\u{FFFF}', "\\uffff")
+    } else {
+        body.to_owned()
+    }
 }
 
 /// The largest message text a job's envelope may have, before encoding, so that it fits in
@@ -96,7 +106,8 @@ pub(crate) fn max_body(base64: bool) -> usize {
     room - CARRIED_ROOM
 }
 
-/// Refuses a body over [`max_body`] with a typed error, before anything is sent.
+/// Refuses a body over [`max_body`] with a typed error, before anything is sent: the envelope's
+/// text (before base64), or the text as sent (with its escapes).
 pub(crate) fn check_size(what: &str, body: &str, base64: bool) -> Result<()> {
     let max = max_body(base64);
     if body.len() > max {

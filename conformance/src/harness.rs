@@ -664,10 +664,15 @@ impl<T: Ledger> Ledger for Frozen<T> {
 }
 
 /// Tracing output of every test in the process, searched for the texts registered with
-/// [`LogWatch::watch`] as it is written (nothing is kept).
+/// [`LogWatch::watch`] as it is written, and the latest lines kept: a text learnt only when a
+/// call returns (a receipt) is looked for in what that call logged too.
 pub(crate) struct LogWatch {
     texts: Mutex<Vec<(String, Arc<AtomicBool>)>>,
+    recent: Mutex<std::collections::VecDeque<String>>,
 }
+
+/// Lines [`LogWatch`] keeps: the tests of one process, well past one call's.
+const RECENT_LINES: usize = 20_000;
 
 impl LogWatch {
     /// The process's watch, installed as the global tracing subscriber on first use; `None` if
@@ -675,11 +680,11 @@ impl LogWatch {
     pub(crate) fn get() -> Option<&'static LogWatch> {
         static WATCH: OnceLock<Option<&'static LogWatch>> = OnceLock::new();
         *WATCH.get_or_init(|| {
-            let watch: &'static LogWatch = Box::leak(Box::new(LogWatch { texts: Mutex::default() }));
-            // Everything redrive logs, down to trace; other crates (SDKs, drivers) at info.
-            let filter = tracing_subscriber::EnvFilter::new(
-                "info,redrive_core=trace,redrive_postgres=trace,redrive_sqs=trace,redrive_conformance=trace",
-            );
+            let watch: &'static LogWatch =
+                Box::leak(Box::new(LogWatch { texts: Mutex::default(), recent: Mutex::default() }));
+            // Everything redrive logs (every crate named redrive*), down to trace; other crates
+            // (SDKs, drivers) at info.
+            let filter = tracing_subscriber::EnvFilter::new("info,redrive=trace");
             let subscriber = tracing_subscriber::fmt()
                 .with_env_filter(filter)
                 .with_ansi(false)
@@ -691,8 +696,10 @@ impl LogWatch {
 
     /// Starts looking for `text`; the flag turns true once a log line holds it.
     pub(crate) fn watch(&self, text: &str) -> Arc<AtomicBool> {
-        let seen = Arc::new(AtomicBool::new(false));
-        self.texts.lock().unwrap().push((text.to_owned(), Arc::clone(&seen)));
+        let mut texts = self.texts.lock().unwrap();
+        let logged = self.recent.lock().unwrap().iter().any(|line| line.contains(text));
+        let seen = Arc::new(AtomicBool::new(logged));
+        texts.push((text.to_owned(), Arc::clone(&seen)));
         seen
     }
 }
@@ -702,11 +709,17 @@ struct WatchWriter(&'static LogWatch);
 impl std::io::Write for WatchWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let line = String::from_utf8_lossy(buf);
-        for (text, seen) in self.0.texts.lock().unwrap().iter() {
+        let texts = self.0.texts.lock().unwrap();
+        for (text, seen) in texts.iter() {
             if line.contains(text.as_str()) {
                 seen.store(true, Ordering::SeqCst);
             }
         }
+        let mut recent = self.0.recent.lock().unwrap();
+        if recent.len() == RECENT_LINES {
+            recent.pop_front();
+        }
+        recent.push_back(line.into_owned());
         Ok(buf.len())
     }
 

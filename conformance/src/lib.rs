@@ -42,6 +42,8 @@
 //! | 26 | [`expired`] | a job claimed past its deadline: dropped and counted, not run, not a record, not an alert |
 //! | 27 | [`scheduled`] | a job enqueued to run later: no earlier than asked, once, on its first attempt |
 //! | 28 | [`settle_retried`] | completions refused as busy for three leases: each job claimed once, its effect once |
+//! | 29 | [`payload_limits`] | payloads at the limit, multibyte across it, awkward characters: delivered byte for byte or refused typed |
+//! | 30 | [`no_receipt_in_logs`] | receipts, pop receipts and lease tokens, stale ones included: in no log line or error |
 //!
 //! # Running it against your backend
 //!
@@ -74,6 +76,8 @@
 mod faults;
 mod flaky;
 mod harness;
+mod limits;
+mod receipts;
 mod records;
 mod scenarios;
 mod settling;
@@ -87,6 +91,8 @@ use std::time::Duration;
 pub use faults::*;
 pub use flaky::FlakyStore;
 pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
+pub use limits::*;
+pub use receipts::*;
 pub use records::check_record_store;
 use redrive_core::{Claim, DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};
 pub use scenarios::*;
@@ -241,7 +247,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 28] = [
+pub const SCENARIOS: [&str; 30] = [
     "replay",
     "race",
     "exhaust",
@@ -270,6 +276,8 @@ pub const SCENARIOS: [&str; 28] = [
     "expired",
     "scheduled",
     "settle_retried",
+    "payload_limits",
+    "no_receipt_in_logs",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -281,7 +289,7 @@ macro_rules! suite {
             dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims slow_handler
             stalled_heartbeat busy_never_dead_letters ledger_outage provider_key_once mixed_kinds crash_loop
             alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled
-            settle_retried);
+            settle_retried payload_limits no_receipt_in_logs);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

@@ -23,6 +23,20 @@ struct Broken(MemoryBackend, &'static [Fault], Arc<Mutex<HashMap<String, Claimed
 
 #[derive(Clone, Copy, PartialEq)]
 enum Fault {
+    /// Enqueue counts a payload's characters, not its bytes, against the declared limit, and the
+    /// store behind takes what it is given: a multibyte character across the limit gets in.
+    CountsCharacters,
+    /// Enqueue writes characters a broker refuses (NUL, U+FFFE, U+FFFF) as U+FFFD, as a lossy
+    /// encoder would: the job runs with another payload.
+    ReplacesAwkward,
+    /// A payload of exactly the declared limit is answered as created and never stored, as a
+    /// broker that counts its envelope in the limit and drops the message would.
+    DropsAtLimit,
+    /// A settlement with a lease that is no longer the job's quotes the lease's token in its
+    /// error, as a broker's error echoing the receipt handle would.
+    ErrorQuotesToken,
+    /// Each claim is logged with its receipt.
+    LogsToken,
     /// Acknowledgements are lost: `complete` answers Ok and changes nothing, so every job comes
     /// back after its lease, as on a broker whose delete failed silently.
     AckLost,
@@ -67,18 +81,46 @@ impl Broken {
     }
 }
 
+/// The limit a [`Broken`] declares: the memory backend's default.
+const DECLARED: usize = 256 * 1024;
+
 impl Backend for Broken {
     fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
+        Capabilities { max_payload: DECLARED, ..self.0.capabilities() }
+    }
+}
+
+impl Broken {
+    /// The job as the broken enqueue stores it; `None`: it answers created and drops it.
+    fn mangle(&self, mut job: NewJob) -> Result<Option<NewJob>> {
+        if self.has(Fault::CountsCharacters) && job.payload.to_string().chars().count() > DECLARED {
+            return Err(redrive_core::Error::new(redrive_core::ErrorKind::PayloadTooLarge, "too many characters"));
+        }
+        if self.has(Fault::DropsAtLimit) && job.payload_len() == DECLARED {
+            return Ok(None);
+        }
+        if self.has(Fault::ReplacesAwkward)
+            && let Some(Value::String(body)) = job.payload.get_mut("body")
+        {
+            *body = body.replace(['\u{0}', '\u{FFFE}', '\u{FFFF}'], "\u{FFFD}");
+        }
+        Ok(Some(job))
     }
 }
 
 impl Enqueue for Broken {
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        self.0.enqueue(job).await
+        match self.mangle(job.clone())? {
+            Some(job) => self.0.enqueue(job).await,
+            None => Ok(Enqueued::Created(redrive_core::JobId("dropped".into()))),
+        }
     }
     async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        self.0.enqueue_batch(jobs).await
+        let mut kept = Vec::new();
+        for job in jobs {
+            kept.extend(self.mangle(job)?);
+        }
+        self.0.enqueue_batch(kept).await
     }
 }
 
@@ -93,6 +135,9 @@ impl Claim for Broken {
         let claimed = self.0.claim(kinds, max, lease, wait).await?;
         let mut handed = self.2.lock().unwrap();
         for c in &claimed {
+            if self.has(Fault::LogsToken) {
+                tracing::warn!(job = %c.lease.job_id, receipt = %c.lease.token, "claimed");
+            }
             handed.insert(c.lease.token.clone(), c.clone());
         }
         Ok(claimed)
@@ -101,7 +146,13 @@ impl Claim for Broken {
         if self.has(Fault::AckLost) {
             return Ok(());
         }
-        self.0.complete(lease, result).await
+        let completed = self.0.complete(lease, result).await;
+        if self.has(Fault::ErrorQuotesToken)
+            && let Err(e) = &completed
+        {
+            return Err(redrive_core::Error::new(e.kind(), format!("receipt {} is not current", lease.token)));
+        }
+        completed
     }
     async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
         self.0.retry(lease, delay, error).await
@@ -385,4 +436,45 @@ async fn a_discard_without_a_reason_fails_discard_and_purge() {
 async fn a_replay_that_forgets_who_fails_recover() {
     let violation = redrive_conformance::recover(broken(&[Fault::ReplayForgetsWho], timing())).await.unwrap_err();
     assert!(violation.message.contains("closed as replayed by ops@example.com"), "{violation}");
+}
+
+/// The memory backend behind a [`Broken`] takes payloads four times the declared limit, so that
+/// what the broken enqueue lets through is stored.
+fn broken_roomy(faults: &'static [Fault]) -> Subject<Broken, Broken> {
+    let backend = Broken::new(MemoryBackend::with_max_payload(DECLARED * 4), faults);
+    Subject::new(backend.clone(), backend, timing())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_characters_not_bytes_fails_payload_limits() {
+    let violation = redrive_conformance::payload_limits(broken_roomy(&[Fault::CountsCharacters])).await.unwrap_err();
+    assert!(violation.message.contains("should be refused with PayloadTooLarge"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replacing_awkward_characters_fails_payload_limits() {
+    let violation = redrive_conformance::payload_limits(broken(&[Fault::ReplacesAwkward], timing())).await.unwrap_err();
+    assert!(violation.message.contains("reached the handler changed"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_payload_at_the_limit_fails_payload_limits() {
+    let timing = Timing { timeout: Duration::from_secs(5), ..timing() };
+    let backend = Broken::new(MemoryBackend::new(), &[Fault::DropsAtLimit]);
+    let violation =
+        redrive_conformance::payload_limits(Subject::new(backend.clone(), backend, timing)).await.unwrap_err();
+    assert!(violation.message.contains("timed out waiting for"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_quoting_a_receipt_fails_no_receipt_in_logs() {
+    let violation =
+        redrive_conformance::no_receipt_in_logs(broken(&[Fault::ErrorQuotesToken], timing())).await.unwrap_err();
+    assert!(violation.message.contains("an error quotes a lease token"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_in_a_log_line_fails_no_receipt_in_logs() {
+    let violation = redrive_conformance::no_receipt_in_logs(broken(&[Fault::LogsToken], timing())).await.unwrap_err();
+    assert!(violation.message.contains("written to the log"), "{violation}");
 }

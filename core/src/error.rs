@@ -27,6 +27,9 @@ pub enum ErrorKind {
     Config,
     /// The backend (database, broker, HTTP API) failed.
     Backend,
+    /// The payload holds what the backend cannot store or send as it is (a NUL character in
+    /// PostgreSQL's `jsonb`), refused before anything is sent rather than changed.
+    InvalidPayload,
 }
 
 /// Whether trying the same call again can succeed.

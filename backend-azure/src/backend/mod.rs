@@ -232,8 +232,10 @@ impl AzureBackend {
             ));
         }
         let body = Envelope::new(job).encode();
-        wire::check_size(&format!("job {}", job.key), &body, self.inner.options.base64)?;
-        Ok(wire::encode(&body, self.inner.options.base64))
+        let base64 = self.inner.options.base64;
+        let text = wire::encode(&body, base64);
+        wire::check_size(&format!("job {}", job.key), if base64 { &body } else { &text }, base64)?;
+        Ok(text)
     }
 
     /// Sends `text` to `client`'s queue, kept `time_to_live` (`None`: never expires) and invisible

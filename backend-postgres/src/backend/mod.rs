@@ -138,7 +138,7 @@ impl PgBackend {
     /// Enqueues inside the caller's transaction: the job exists if and only if it commits.
     /// Call [`wake`](Self::wake) after the commit to start it without waiting for a poll.
     pub async fn enqueue_in(&self, conn: &mut PgConnection, job: NewJob) -> Result<Enqueued> {
-        job.check_size(self.inner.config.max_payload)?;
+        check_payload(&job, self.inner.config.max_payload)?;
         let fingerprint = job.fingerprint();
         let mut row = None;
         // No row at all: the conflicting insert committed after this statement's snapshot was
@@ -390,6 +390,28 @@ async fn listen(pool: PgPool, channel: String, wake: Weak<Notify>) {
     }
 }
 
+/// Refuses, before anything is written, a payload over `limit` bytes or one that `jsonb` cannot
+/// hold: a NUL character (`\u0000`) anywhere in a string or a member's name. Refused with
+/// [`ErrorKind::InvalidPayload`] rather than changed, so that the handler gets what was sent.
+fn check_payload(job: &NewJob, limit: usize) -> Result<()> {
+    fn holds_nul(value: &Value) -> bool {
+        match value {
+            Value::String(s) => s.contains('\0'),
+            Value::Array(items) => items.iter().any(holds_nul),
+            Value::Object(members) => members.iter().any(|(name, v)| name.contains('\0') || holds_nul(v)),
+            _ => false,
+        }
+    }
+    job.check_size(limit)?;
+    if holds_nul(&job.payload) {
+        return Err(Error::new(
+            ErrorKind::InvalidPayload,
+            format!("the payload of job {} holds a NUL character, which PostgreSQL's jsonb cannot store", job.key),
+        ));
+    }
+    Ok(())
+}
+
 fn key_conflict(key: &IdempotencyKey, id: &JobId) -> Error {
     Error::new(ErrorKind::KeyConflict, format!("key {key} already belongs to job {id} with a different payload"))
 }
@@ -456,7 +478,7 @@ impl Enqueue for PgBackend {
         }
         let mut fingerprints: HashMap<&IdempotencyKey, String> = HashMap::new();
         for job in &jobs {
-            job.check_size(self.inner.config.max_payload)?;
+            check_payload(job, self.inner.config.max_payload)?;
             let fingerprint = job.fingerprint();
             if fingerprints.insert(&job.key, fingerprint.clone()).is_some_and(|f| f != fingerprint) {
                 return Err(Error::new(

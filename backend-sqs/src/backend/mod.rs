@@ -49,6 +49,12 @@ const ATTR_JOB_ID: &str = "redrive-job-id";
 /// [`ATTR_SPENT`] (a `u32` in decimal) and [`ATTR_JOB_ID`] (a message id, 36 characters on AWS;
 /// 100 allowed), each with its name and SQS's allowance for the type.
 const COPY_ROOM: usize = ATTR_SPENT.len() + 6 + 10 + ATTR_JOB_ID.len() + 6 + 100;
+/// Room for what the message adds around a payload: the envelope's fields (names, kind, key,
+/// provider key, times) and the first attributes (kind, key, provider key), a few hundred bytes
+/// for a key of ordinary length. Kept out of [`Capabilities::max_payload`], so that a payload
+/// of the declared size is accepted; a key long enough to need more leaves less room, and
+/// enqueue says so.
+const ENVELOPE_ROOM: usize = 1024;
 /// The longest retention SQS accepts (14 days): what the DLQ keeps.
 const MAX_RETENTION: Duration = Duration::from_secs(1_209_600);
 /// The largest message SQS accepts (1 MiB): what the DLQ takes.
@@ -357,6 +363,8 @@ impl SqsBackend {
                 job.key, job.cap, self.inner.max_receive_count
             )));
         }
+        // The declared limit first: what is refused does not depend on the key's length.
+        job.check_size(self.capabilities().max_payload)?;
         let body = Envelope::new(job).encode();
         let attrs = HashMap::from([
             (ATTR_KIND.to_owned(), string_attr(&job.kind)),
@@ -676,9 +684,9 @@ impl Backend for SqsBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             dedupe: if self.inner.source.fifo { Dedupe::Window(Duration::from_secs(300)) } else { Dedupe::None },
-            // What a message may hold beside what enqueue keeps room for (the envelope and the
-            // first attributes count too: a payload this large is refused by a few hundred bytes).
-            max_payload: self.max_message().saturating_sub(COPY_ROOM + HISTORY_ROOM),
+            // What a message may hold beside what enqueue keeps room for: a payload this large
+            // is accepted whenever its key and kind fit in the envelope's room.
+            max_payload: self.max_message().saturating_sub(COPY_ROOM + HISTORY_ROOM + ENVELOPE_ROOM),
             max_claim: 10,
             atomic_batch: false,
             // SQS counts receives and gives none back: not on a release, nor when the worker

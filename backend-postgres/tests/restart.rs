@@ -1,0 +1,187 @@
+//! PostgreSQL restarted in the middle of a burn-down: on a cluster of the test's own (initdb into
+//! a temporary directory, its own port), never the shared one. Workers reconnect; nothing is lost
+//! or doubled, counted by the effect.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redrive_core::{DeadLetter, Enqueue, Job, JobContext, JobError, KeyBuilder, NewJob, Worker, WorkerConfig};
+use redrive_postgres::{PgBackend, PgConfig};
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Charge {
+    order: u32,
+}
+
+impl Job for Charge {
+    const KIND: &'static str = "charge";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("order", self.order)
+    }
+}
+
+/// A PostgreSQL cluster of this test's own (initdb, on a free port), stopped and removed when
+/// dropped. As root, its programs run as the `postgres` user (initdb refuses root).
+struct Cluster {
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Cluster {
+    fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = std::env::temp_dir().join(format!("rdt-pg-restart-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        if is_root() {
+            let chowned = Command::new("chown").arg("-R").arg("postgres").arg(&dir).status().unwrap();
+            assert!(chowned.success(), "the cluster's directory is given to postgres");
+        }
+        let cluster = Self { dir, port };
+        let data = cluster.dir.join("data");
+        cluster.run(
+            "initdb",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-A".as_ref(),
+                "trust".as_ref(),
+                "-U".as_ref(),
+                "postgres".as_ref(),
+                "--no-sync".as_ref(),
+            ],
+        );
+        cluster.ctl(&["start"]);
+        cluster
+    }
+
+    /// `pg_ctl` with `args` (start, restart, stop), waiting for it; a crash-like stop with
+    /// `-m immediate` after them.
+    fn ctl(&self, args: &[&str]) {
+        let options = format!("-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", self.port, self.dir.display());
+        let (data, log) = (self.dir.join("data"), self.dir.join("log"));
+        let mut all: Vec<&OsStr> = vec!["-D".as_ref(), data.as_os_str(), "-l".as_ref(), log.as_os_str()];
+        all.extend(["-w", "-o", &options, "-m", "fast"].map(OsStr::new));
+        all.extend(args.iter().map(OsStr::new));
+        self.run("pg_ctl", &all);
+    }
+
+    /// Runs one of PostgreSQL's programs in the cluster's directory (as root: as `postgres`).
+    fn run(&self, program: &str, args: &[&OsStr]) {
+        let mut command = if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", program]);
+            c
+        } else {
+            Command::new(program)
+        };
+        let status = command
+            .args(args)
+            .current_dir(&self.dir)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("{program} runs (PostgreSQL's programs on the PATH): {e}"));
+        assert!(status.success(), "{program} {args:?} failed: {status}");
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.ctl(&["stop", "-m", "immediate"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+async fn wait_for(what: &str, secs: u64, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !done().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_mid_burn_down_loses_and_doubles_nothing() {
+    // Stopped as a crash would (no checkpoint, clients cut), then started again at once.
+    burn_down(|cluster| cluster.ctl(&["restart", "-m", "immediate"])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails today: a completion that fails for longer than the completer's connection-loss \
+            retries (about 1.3 s) is not retried while the lease is kept, so its job runs again \
+            (issue 23, the settlement retry)"]
+async fn postgres_down_for_five_seconds_mid_burn_down_loses_and_doubles_nothing() {
+    burn_down(|cluster| {
+        cluster.ctl(&["stop", "-m", "immediate"]);
+        std::thread::sleep(Duration::from_secs(5));
+        cluster.ctl(&["start"]);
+    })
+    .await;
+}
+
+/// Burns down 300 jobs on a cluster of its own, with `outage` done to the cluster once 30 are
+/// done: every effect once, counted by the effect, no record.
+async fn burn_down(outage: impl FnOnce(&Cluster)) {
+    let cluster = Cluster::start();
+    let config = PgConfig::new(cluster.url())
+        .with_schema("rdt_restart")
+        .with_max_connections(4)
+        .with_sweep_every(Duration::from_millis(200));
+    let backend = PgBackend::connect(config).await.expect("the test's own cluster");
+    backend.migrate().await.unwrap();
+    const JOBS: u32 = 300;
+    backend.enqueue_batch((0..JOBS).map(|order| NewJob::from_job(&Charge { order }).unwrap()).collect()).await.unwrap();
+
+    let effects: Arc<Mutex<HashMap<u32, u32>>> = Arc::default();
+    let seen = Arc::clone(&effects);
+    let config = WorkerConfig {
+        lease: Duration::from_secs(2),
+        heartbeat: Some(Duration::from_millis(600)),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(config)
+        .handle::<Charge>(move |job: Charge, _ctx: JobContext| {
+            let seen = Arc::clone(&seen);
+            async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                *seen.lock().unwrap().entry(job.order).or_default() += 1;
+                Ok::<_, JobError>(())
+            }
+        })
+        .build()
+        .start();
+
+    let count = || effects.lock().unwrap().len();
+    wait_for("the burn-down to be under way", 30, async || count() >= 30).await;
+    let before = count();
+    outage(&cluster);
+    assert!(count() < JOBS as usize, "the outage came in the middle of the burn-down ({before} done before it)");
+
+    let done_sql = "SELECT count(*) FROM rdt_restart.jobs WHERE status = 'done'";
+    wait_for("every job to be done", 120, async || {
+        let n: Option<i64> = sqlx::query(done_sql).fetch_one(backend.pool()).await.ok().map(|r| r.get(0));
+        n == Some(i64::from(JOBS))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // past a lease: a lost settlement would rerun now
+    worker.shutdown().await;
+    let effects = effects.lock().unwrap().clone();
+    let doubled: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
+    assert_eq!(effects.len() as u32, JOBS, "every job's effect happened");
+    assert!(doubled.is_empty(), "{} effects repeated across the outage: {doubled:?}", doubled.len());
+    assert_eq!(backend.count_open().await.unwrap(), 0, "no failure record");
+}
