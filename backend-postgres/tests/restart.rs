@@ -120,9 +120,6 @@ async fn postgres_restarted_mid_burn_down_loses_and_doubles_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails today: a completion that fails for longer than the completer's connection-loss \
-            retries (about 1.3 s) is not retried while the lease is kept, so its job runs again \
-            (issue 23, the settlement retry)"]
 async fn postgres_down_for_five_seconds_mid_burn_down_loses_and_doubles_nothing() {
     burn_down(|cluster| {
         cluster.ctl(&["stop", "-m", "immediate"]);

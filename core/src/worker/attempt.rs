@@ -8,6 +8,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -474,12 +475,15 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     {
         let pause = Backoff { base: Duration::from_millis(20), max: Duration::from_secs(2), ..Backoff::default() };
         let mut failures = 0;
+        let mut _unsettled = None;
         loop {
             let error = match call().await {
                 Err(e) if e.is_temporary() && e.kind() != ErrorKind::LeaseLost && !self.abandon.is_cancelled() => e,
                 done => return done,
             };
             failures += 1;
+            // Claims wait until this lands (or is given up), however the call ends.
+            _unsettled.get_or_insert_with(|| Unsettled::count(&self.unsettled));
             warn!(error = %error, failures, "could not {what}; trying again while the lease is kept");
             tokio::select! {
                 () = tokio::time::sleep(pause.delay(failures)) => {}
@@ -498,6 +502,22 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             }
             Err(e) => error!(error = %e, "could not {what}; the job returns after its lease"),
         }
+    }
+}
+
+/// One settlement being tried again, counted in [`Shared::unsettled`] while it lives.
+struct Unsettled<'a>(&'a AtomicUsize);
+
+impl<'a> Unsettled<'a> {
+    fn count(unsettled: &'a AtomicUsize) -> Self {
+        unsettled.fetch_add(1, Ordering::Relaxed);
+        Self(unsettled)
+    }
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

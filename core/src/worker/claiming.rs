@@ -20,6 +20,9 @@ use crate::policy::Backoff;
 /// the work instead of one holding a batch it needs minutes to get through.
 const CLAIM_AHEAD: Duration = Duration::from_secs(1);
 
+/// How often a claimer paused for settlements being tried again looks whether they have landed.
+const UNSETTLED_LOOK: Duration = Duration::from_millis(20);
+
 /// A moving average of how long handlers take, in microseconds; 0 until one has finished.
 #[derive(Debug, Default)]
 pub(super) struct Pace(AtomicU64);
@@ -142,6 +145,17 @@ async fn claimer<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
                 () = tokio::time::sleep_until(until) => {}
                 () = stop.cancelled() => break,
             }
+        }
+        // A settlement being tried again (the database was unreachable, or busy) lands before the
+        // next claim, which could sweep its job's lapsed lease back to the queue and run it twice.
+        while shared.unsettled.load(Ordering::Relaxed) > 0 {
+            tokio::select! {
+                () = tokio::time::sleep(UNSETTLED_LOOK) => {}
+                () = stop.cancelled() => break,
+            }
+        }
+        if stop.is_cancelled() {
+            break;
         }
         // Wait for room for the whole claim: claiming whatever little room there is would turn
         // one full claim into many small ones (each an API request on SQS).

@@ -451,6 +451,7 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
                 counters: Counters::default(),
                 pace: claiming::Pace::default(),
                 infra: claiming::Infra::default(),
+                unsettled: AtomicUsize::new(0),
                 buffered: AtomicUsize::new(0),
                 taken: Notify::new(),
                 handed_off: Notify::new(),
@@ -484,6 +485,10 @@ struct Shared<Q, L> {
     pace: claiming::Pace,
     /// Backs off claims while the effect ledger is unreachable.
     infra: claiming::Infra,
+    /// Settlements being tried again after a temporary failure. Claims wait while there are any:
+    /// a claim also sweeps expired leases back to the queue (Postgres), and a job whose completion
+    /// is still on its way must not be taken again before it lands.
+    unsettled: AtomicUsize,
     /// Claimed jobs waiting for a handler, and a signal each time one is taken or a handler
     /// finishes (either makes room for a claim).
     buffered: AtomicUsize,
