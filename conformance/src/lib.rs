@@ -41,7 +41,7 @@
 //! | 25 | [`reminders`] | a record left open: one reminder per period though two workers sweep, none after its replay |
 //! | 26 | [`expired`] | a job claimed past its deadline: dropped and counted, not run, not a record, not an alert |
 //! | 27 | [`scheduled`] | a job enqueued to run later: no earlier than asked, once, on its first attempt |
-//! | 28 | [`settle_retried`] | completions refused as busy for three leases: each job claimed once, its effect once |
+//! | 28 | [`settle_retried`] | one worker's completions refused as busy for three leases, a second worker beside it: each job claimed once, its effect once |
 //! | 29 | [`payload_limits`] | payloads at the limit, multibyte across it, awkward characters: delivered byte for byte or refused typed |
 //! | 30 | [`no_receipt_in_logs`] | receipts, pop receipts and lease tokens, stale ones included: in no log line or error |
 //!

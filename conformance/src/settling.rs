@@ -15,11 +15,12 @@ use tokio::time::Instant;
 use crate::harness::{Probe, Run, ensure};
 use crate::{Outcome, Queue, Subject};
 
-/// Behaviour 28: Every completion is refused with a temporary error ("database is locked") for a
-/// while after the first one is: three leases where the queue can renew, half a lease where it
-/// cannot. Each job is completed by the attempt that ran it, claimed once (a completion given
-/// up lets its lease lapse, and the job is claimed again: on a backend whose claim takes the key,
-/// it runs again), its effect once, no record.
+/// Behaviour 28: Every completion of one worker is refused with a temporary error ("database is
+/// locked") for a while after the first one is: three leases where the queue can renew, half a
+/// lease where it cannot. A second worker, whose completions get through, runs beside it once
+/// the first has run every job. Each job is completed by the attempt that ran it, claimed once (a
+/// completion given up, or a lease let lapse while it is tried again, lets the other worker claim
+/// the job: on a backend whose claim takes the key, it runs again), its effect once, no record.
 pub async fn settle_retried<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("settle_retried", subject);
     let ids: Vec<u32> = (300..306).collect();
@@ -30,6 +31,9 @@ pub async fn settle_retried<Q: Queue, L: Ledger + Clone + 'static>(subject: Subj
     run.must("batch enqueue", run.s.queue.enqueue_batch(jobs).await)?;
     let worker = run.start_worker_on(busy.clone(), run.s.ledger.clone(), run.config(ids.len(), lease, lease * 10));
     run.wait_for_effects(ids.len()).await?;
+    // The first worker pauses its own claims while it tries a settlement again; a lapsed lease
+    // would be this one's to take.
+    let other = run.start_worker_on(busy.watching(), run.s.ledger.clone(), run.config(ids.len(), lease, lease * 10));
     let completed = Arc::clone(&busy.log);
     let n = ids.len();
     run.wait_for("every completion to get through", || {
@@ -39,6 +43,7 @@ pub async fn settle_retried<Q: Queue, L: Ledger + Clone + 'static>(subject: Subj
     .await?;
     run.settle().await;
     let stats = worker.shutdown().await;
+    other.shutdown().await;
     let log = busy.log.lock().unwrap().clone();
     ensure!(run, log.refused >= 1, "the suite refused no completion: nothing was tested ({stats:?})");
     let twice: Vec<_> = log.claims.iter().filter(|(_, n)| **n > 1).map(|(k, n)| format!("{k} ×{n}")).collect();
@@ -65,7 +70,7 @@ struct Log {
 }
 
 /// The subject's queue as one worker sees it, its completions refused as busy for `window` from
-/// the first one. Clones share the log.
+/// the first one (none refused where `window` is zero). Clones share the log.
 #[derive(Clone)]
 struct Busy<Q> {
     inner: Q,
@@ -73,9 +78,14 @@ struct Busy<Q> {
     log: Arc<Mutex<Log>>,
 }
 
-impl<Q> Busy<Q> {
+impl<Q: Clone> Busy<Q> {
     fn new(inner: Q, window: Duration) -> Self {
         Self { inner, window, log: Arc::default() }
+    }
+
+    /// The same queue for another worker, its claims counted in the same log, nothing refused.
+    fn watching(&self) -> Self {
+        Self { inner: self.inner.clone(), window: Duration::ZERO, log: Arc::clone(&self.log) }
     }
 }
 
@@ -97,7 +107,7 @@ impl<Q: Claim> Claim for Busy<Q> {
         Ok(claimed)
     }
     async fn complete(&self, lease: &Lease, result: Option<&serde_json::Value>) -> R<()> {
-        {
+        if !self.window.is_zero() {
             let mut log = self.log.lock().unwrap();
             let until = *log.busy_until.get_or_insert_with(|| Instant::now() + self.window);
             if Instant::now() < until {
