@@ -5,32 +5,18 @@
 
 mod common;
 
+use common::{Charge, charge, wait_for};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redrive_core::alert::BoxFuture;
-use redrive_core::{
-    Alert, AlertSink, DeadLetter, Enqueue, Job, JobContext, JobError, KeyBuilder, NewJob, Worker, WorkerConfig,
-};
+use redrive_core::{Alert, AlertSink, DeadLetter, Enqueue, JobContext, JobError, Worker, WorkerConfig};
 use redrive_postgres::{PgBackend, PgConfig};
-use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Charge {
-    order: u32,
-}
-
-impl Job for Charge {
-    const KIND: &'static str = "charge";
-    fn key(&self, key: KeyBuilder) -> KeyBuilder {
-        key.fact("order", self.order)
-    }
-}
 
 /// The proxy: connections to `upstream`; the first statement whose text holds `marker`, once
 /// executed (bound after being prepared, or sent as a simple query), has its answer dropped and
@@ -170,14 +156,6 @@ fn upstream() -> String {
     if host.contains(':') { host.to_owned() } else { format!("{host}:5432") }
 }
 
-async fn wait_for(what: &str, secs: u64, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !done().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// The job's status, read past the proxy.
 async fn status(probe: &PgBackend) -> String {
     let sql = format!("SELECT status FROM \"{}\".jobs", probe.schema());
@@ -234,7 +212,7 @@ async fn a_completion_whose_answer_is_cut_after_the_commit_leaves_the_job_done_o
     let probe = common::backend("cutdone").await;
     let proxy = CutProxy::start(upstream(), "SET status = 'done'").await;
     let backend = proxied(&probe, &proxy).await;
-    probe.enqueue(NewJob::from_job(&Charge { order: 1 }).unwrap()).await.unwrap();
+    probe.enqueue(charge(1)).await.unwrap();
     let (starts, pager) = (Arc::default(), Pager::default());
     let worker = worker(&backend, &starts, false, &pager);
     wait_for("the completion's answer to be cut", 30, async || proxy.cuts.load(Ordering::SeqCst) == 1).await;
@@ -252,7 +230,7 @@ async fn a_failure_record_whose_answer_is_cut_after_the_commit_is_kept_once_with
     let probe = common::backend("cutrecord").await;
     let proxy = CutProxy::start(upstream(), "SET status = 'failed'").await;
     let backend = proxied(&probe, &proxy).await;
-    probe.enqueue(NewJob::from_job(&Charge { order: 2 }).unwrap()).await.unwrap();
+    probe.enqueue(charge(2)).await.unwrap();
     let (starts, pager) = (Arc::default(), Pager::default());
     let worker = worker(&backend, &starts, true, &pager);
     wait_for("the record's answer to be cut", 30, async || proxy.cuts.load(Ordering::SeqCst) == 1).await;

@@ -3,42 +3,17 @@
 
 mod common;
 
-use std::collections::HashMap;
+use common::{Charge, charge, wait_for};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redrive_core::{
-    Alert, AlertSink, Claim, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder,
-    Kinds, NewJob, Renew, RunningWorker, Worker, WorkerConfig,
+    Alert, AlertSink, Claim, DeadLetter, Enqueue, ErrorKind, FailureQuery, JobContext, JobError, Kinds, Renew,
+    RunningWorker, Worker, WorkerConfig,
 };
 use redrive_postgres::{EffectOnce, PgBackend, PgConfig};
-use serde::{Deserialize, Serialize};
 use sqlx::Row;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Charge {
-    order: u32,
-}
-
-impl Job for Charge {
-    const KIND: &'static str = "charge";
-    fn key(&self, key: KeyBuilder) -> KeyBuilder {
-        key.fact("order", self.order)
-    }
-}
-
-fn charge(order: u32) -> NewJob {
-    NewJob::from_job(&Charge { order }).unwrap()
-}
-
-async fn wait_for(what: &str, secs: u64, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !done().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 async fn log_table(backend: &PgBackend) {
     let sql =
@@ -142,25 +117,7 @@ async fn terminated_connections_during_claims_and_completions_lose_and_double_no
     const JOBS: u32 = 300;
     backend.enqueue_batch((0..JOBS).map(charge).collect()).await.unwrap();
 
-    let effects: Arc<Mutex<HashMap<u32, u32>>> = Arc::default();
-    let seen = Arc::clone(&effects);
-    let config = WorkerConfig {
-        lease: Duration::from_secs(2),
-        heartbeat: Some(Duration::from_millis(600)),
-        ..WorkerConfig::default()
-    };
-    let worker = Worker::builder(backend.clone(), backend.clone())
-        .config(config)
-        .handle::<Charge>(move |job: Charge, _ctx: JobContext| {
-            let seen = Arc::clone(&seen);
-            async move {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                *seen.lock().unwrap().entry(job.order).or_default() += 1;
-                Ok::<_, JobError>(())
-            }
-        })
-        .build()
-        .start();
+    let (worker, effects) = common::counting_worker(&backend, Duration::from_millis(5));
 
     // Kill every connection of the worker's pool (and its LISTEN connection) again and again
     // while it claims and completes.

@@ -2,29 +2,17 @@
 //! a temporary directory, its own port), never the shared one. Workers reconnect; nothing is lost
 //! or doubled, counted by the effect.
 
-use std::collections::HashMap;
+mod common;
+
+use common::{charge, wait_for};
 use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redrive_core::{DeadLetter, Enqueue, Job, JobContext, JobError, KeyBuilder, NewJob, Worker, WorkerConfig};
+use redrive_core::{DeadLetter, Enqueue};
 use redrive_postgres::{PgBackend, PgConfig};
-use serde::{Deserialize, Serialize};
 use sqlx::Row;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Charge {
-    order: u32,
-}
-
-impl Job for Charge {
-    const KIND: &'static str = "charge";
-    fn key(&self, key: KeyBuilder) -> KeyBuilder {
-        key.fact("order", self.order)
-    }
-}
 
 /// A PostgreSQL cluster of this test's own (initdb, on a free port), stopped and removed when
 /// dropped. As root, its programs run as the `postgres` user (initdb refuses root).
@@ -105,14 +93,6 @@ fn is_root() -> bool {
     Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
 }
 
-async fn wait_for(what: &str, secs: u64, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !done().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restarted_mid_burn_down_loses_and_doubles_nothing() {
     // Stopped as a crash would (no checkpoint, clients cut), then started again at once.
@@ -140,27 +120,9 @@ async fn burn_down(outage: impl FnOnce(&Cluster)) {
     let backend = PgBackend::connect(config).await.expect("the test's own cluster");
     backend.migrate().await.unwrap();
     const JOBS: u32 = 300;
-    backend.enqueue_batch((0..JOBS).map(|order| NewJob::from_job(&Charge { order }).unwrap()).collect()).await.unwrap();
+    backend.enqueue_batch((0..JOBS).map(charge).collect()).await.unwrap();
 
-    let effects: Arc<Mutex<HashMap<u32, u32>>> = Arc::default();
-    let seen = Arc::clone(&effects);
-    let config = WorkerConfig {
-        lease: Duration::from_secs(2),
-        heartbeat: Some(Duration::from_millis(600)),
-        ..WorkerConfig::default()
-    };
-    let worker = Worker::builder(backend.clone(), backend.clone())
-        .config(config)
-        .handle::<Charge>(move |job: Charge, _ctx: JobContext| {
-            let seen = Arc::clone(&seen);
-            async move {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                *seen.lock().unwrap().entry(job.order).or_default() += 1;
-                Ok::<_, JobError>(())
-            }
-        })
-        .build()
-        .start();
+    let (worker, effects) = common::counting_worker(&backend, Duration::from_millis(20));
 
     let count = || effects.lock().unwrap().len();
     wait_for("the burn-down to be under way", 30, async || count() >= 30).await;

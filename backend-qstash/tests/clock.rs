@@ -4,25 +4,13 @@
 
 mod common;
 
+use common::Grant;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use redrive_core::{DeadLetter, Enqueue, Job, KeyBuilder, NewJob};
+use redrive_core::{DeadLetter, Enqueue, NewJob};
 use redrive_qstash::Clock;
-use serde::{Deserialize, Serialize};
-
-#[derive(Serialize, Deserialize)]
-struct Grant {
-    account: u32,
-}
-
-impl Job for Grant {
-    const KIND: &'static str = "grant";
-    fn key(&self, key: KeyBuilder) -> KeyBuilder {
-        key.fact("account", self.account)
-    }
-}
 
 /// A rig whose receiver's clock is `skew` seconds off (changed as the test goes).
 async fn skewed(skew: &Arc<AtomicI64>) -> common::Rig {

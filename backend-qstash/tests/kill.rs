@@ -1,155 +1,56 @@
 //! A receiver process killed with SIGKILL while its worker runs jobs, on the QStash emulator
 //! with the effect ledger and records in PostgreSQL: QStash delivers again, to a second process
-//! listening at the same destination, which finishes every job, each once.
+//! listening at the same destination, which finishes every job, each once
+//! ([`redrive_conformance::kill_worker_mid_job`]).
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use redrive_conformance::EnqueueJobs;
 use std::sync::Arc;
-use std::time::Duration;
 
-use redrive_core::{DeadLetter, Enqueue, Job, JobContext, JobError, KeyBuilder, NewJob, RunningWorker, Worker};
 use redrive_postgres::{PgBackend, PgConfig};
 use redrive_qstash::{QStashBackend, QStashConfig};
-use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Charge {
-    order: u32,
-}
-
-impl Job for Charge {
-    const KIND: &'static str = "charge";
-    fn key(&self, key: KeyBuilder) -> KeyBuilder {
-        key.fact("order", self.order)
-    }
-}
-
-const JOBS: u32 = 20;
-const KILL_TEST: &str = "a_worker_process_killed_mid_job_leaves_every_job_to_the_next_once";
-
-/// Appends `phase order attempt pending` to the log file both processes share.
-fn log(path: &str, phase: &str, job: &Charge, ctx: &JobContext) {
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
-    writeln!(file, "{phase} {} {} {}", job.order, ctx.attempt, ctx.earlier_attempt_pending).unwrap();
-}
-
-/// The log's lines of `phase`: (order, attempt, earlier attempt pending).
-fn logged(path: &str, phase: &str) -> Vec<(u32, u32, bool)> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let mut f = line.split(' ');
-            (f.next() == Some(phase)).then(|| {
-                let mut n = || f.next().unwrap().to_owned();
-                (n().parse().unwrap(), n().parse().unwrap(), n() == "true")
-            })
-        })
-        .collect()
-}
-
-/// A worker whose handler logs its start and, unless `hang`, its effect; hanging, it never
-/// returns (the process is killed there).
-fn worker(queue: &QStashBackend, ledger: &PgBackend, path: &str, hang: bool) -> RunningWorker {
-    let config = redrive_core::WorkerConfig {
-        concurrency: 4,
-        lease: Duration::from_secs(2),
-        heartbeat: Some(Duration::from_millis(700)),
-        ..redrive_core::WorkerConfig::default()
-    };
-    let path = path.to_owned();
-    Worker::builder(queue.clone(), ledger.clone())
-        .config(config)
-        .handle::<Charge>(move |job: Charge, ctx: JobContext| {
-            let path = path.clone();
-            async move {
-                log(&path, "started", &job, &ctx);
-                if hang {
-                    tokio::time::sleep(Duration::from_secs(600)).await;
-                }
-                log(&path, "effect", &job, &ctx);
-                Ok::<_, JobError>(())
-            }
-        })
-        .build()
-        .start()
-}
-
-async fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The same test binary plays the worker that is killed: run with the child variables set, it
-/// starts a worker whose handlers hang, and waits to be killed.
+/// The same test binary plays the receiver that is killed: run with the child variables set, it
+/// listens at the destination and hangs in its handlers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_process_killed_mid_job_leaves_every_job_to_the_next_once() {
-    if let (Ok(api), Ok(port), Ok(schema), Ok(path)) = (
-        std::env::var("REDRIVE_KILL_API"),
-        std::env::var("REDRIVE_KILL_PORT"),
-        std::env::var("REDRIVE_KILL_SCHEMA"),
-        std::env::var("REDRIVE_KILL_LOG"),
-    ) {
+    if redrive_conformance::is_killed_child() {
+        let (Ok(api), Ok(port), Ok(schema)) = (
+            std::env::var("REDRIVE_KILL_API"),
+            std::env::var("REDRIVE_KILL_PORT"),
+            std::env::var("REDRIVE_KILL_SCHEMA"),
+        ) else {
+            panic!("the parent names the emulator, the port and the schema");
+        };
         let store = PgConfig::new(common::database_url()).with_schema(schema).with_max_connections(3);
         let store = PgBackend::connect(store).await.unwrap();
         let port = port.parse().unwrap();
         let backend = backend(&api, port, &store).await;
         serve(&backend, port).await;
-        let _worker = worker(&backend, &store, &path, true);
-        std::fs::OpenOptions::new().create(true).append(true).open(&path).unwrap().write_all(b"ready\n").unwrap();
-        tokio::time::sleep(Duration::from_secs(600)).await;
-        panic!("the child worker should have been killed");
+        redrive_conformance::hang_until_killed(backend, store).await;
     }
     let emulator = common::emulator().start_local().await.expect("the emulator starts on loopback");
     // A port for the destination, free again for the child, then for the second process.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let ledger = common::ledger().await;
-    let path = std::env::temp_dir().join(format!("rdt-qstash-kill-{port}-{}.log", std::process::id()));
-    let path = path.to_string_lossy().into_owned();
-
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([KILL_TEST, "--exact", "--nocapture", "--test-threads=1"])
-        .env("REDRIVE_KILL_API", emulator.url())
-        .env("REDRIVE_KILL_PORT", port.to_string())
-        .env("REDRIVE_KILL_SCHEMA", ledger.schema())
-        .env("REDRIVE_KILL_LOG", &path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for("the child's receiver", 60, || std::fs::read_to_string(&path).is_ok_and(|t| t.contains("ready"))).await;
-    // Publishes from here; the child receives until it is killed, then this process does.
+    // Publishes once the child listens; the child receives until it is killed, then this process does.
     let queue = backend(&emulator.url(), port, &ledger).await;
-    let jobs: Vec<NewJob> = (0..JOBS).map(|order| NewJob::from_job(&Charge { order }).unwrap()).collect();
-    queue.enqueue_batch(jobs).await.unwrap();
-    wait_for("the child to start four handlers", 60, || logged(&path, "started").len() >= 4).await;
-    child.kill().unwrap(); // SIGKILL: no shutdown, no release, no delete; the visibility lapses
-    child.wait().unwrap();
-    let killed_mid_job: Vec<u32> = logged(&path, "started").iter().map(|s| s.0).collect();
-    assert!(logged(&path, "effect").is_empty(), "the child's handlers all hang");
-
-    serve(&queue, port).await;
-    let worker = worker(&queue, &ledger, &path, false);
-    wait_for("every job's effect", 60, || logged(&path, "effect").len() >= JOBS as usize).await;
-    // Past a lease and a visibility: a job left to run again would show now.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    worker.shutdown().await;
-    let effects = logged(&path, "effect");
-    let mut orders: Vec<u32> = effects.iter().map(|e| e.0).collect();
-    orders.sort_unstable();
-    assert_eq!(orders, (0..JOBS).collect::<Vec<_>>(), "every job's effect once: {effects:?}");
-    for (order, attempt, pending) in effects.iter().filter(|e| killed_mid_job.contains(&e.0)) {
-        assert!(
-            *pending && *attempt >= 2,
-            "order {order} was started by the killed worker: attempt {attempt} told so ({pending})"
-        );
-    }
-    assert_eq!(queue.count_open().await.unwrap(), 0, "no failure record");
-    let _ = std::fs::remove_file(&path);
+    let env = [
+        ("REDRIVE_KILL_API", emulator.url()),
+        ("REDRIVE_KILL_PORT", port.to_string()),
+        ("REDRIVE_KILL_SCHEMA", ledger.schema().to_owned()),
+    ];
+    let test = "a_worker_process_killed_mid_job_leaves_every_job_to_the_next_once";
+    redrive_conformance::kill_worker_mid_job(
+        test,
+        &env,
+        EnqueueJobs::OnceChildRuns,
+        &queue,
+        &ledger,
+        serve(&queue, port),
+    )
+    .await;
 }
 
 /// A backend publishing through the emulator at `api` to this machine's `port`.

@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::Grant;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -12,26 +13,13 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use redrive_core::{
-    Enqueue, EnqueueExt, ErrorKind, Job, JobContext, JobError, KeyBuilder, NewJob, QueueStats, Retry, Worker,
+    Enqueue, EnqueueExt, ErrorKind, JobContext, JobError, NewJob, QueueStats, Retry, RunningWorker, Worker,
 };
 use redrive_qstash::{QStashBackend, QStashConfig};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 const CURRENT: &str = "sig_current_0123456789";
 const NEXT: &str = "sig_next_0123456789abc";
-
-#[derive(Serialize, Deserialize)]
-struct Grant {
-    account: u32,
-}
-
-impl Job for Grant {
-    const KIND: &'static str = "grant";
-    fn key(&self, key: KeyBuilder) -> KeyBuilder {
-        key.fact("account", self.account)
-    }
-}
 
 /// A rig whose receiver accepts `CURRENT` and `NEXT`, with its clock at `now`.
 async fn rig() -> common::Rig {
@@ -379,18 +367,7 @@ async fn a_missing_or_malformed_signature_is_refused_before_the_body_is_read() {
 async fn a_captured_delivery_cannot_be_sent_again_nor_its_unsigned_headers_forged() {
     let rig = rig().await;
     let url = rig.destination.clone();
-    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let seen = attempts.clone();
-    let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
-        .handle::<Grant>(move |job: Grant, ctx: JobContext| {
-            let seen = seen.clone();
-            async move {
-                seen.lock().unwrap().push((job.account, ctx.attempt));
-                Ok::<(), JobError>(())
-            }
-        })
-        .build()
-        .start();
+    let (worker, attempts) = recording_worker(&rig);
     let body = envelope();
     let signature = sign(Algorithm::HS256, CURRENT, &claims(&url, body.as_bytes(), 300, 0));
     assert_eq!(post(&url, Some(&signature), body.clone(), "msg_captured").await, 200);
@@ -521,6 +498,19 @@ async fn a_delivery_refused_past_the_park_bound_is_not_charged_an_attempt() {
     let other = redrive_core::Envelope::new(&NewJob::from_job(&Grant { account: 9 }).unwrap()).encode();
     let refused = send(other.clone(), "msg_refused_once", "0").await.unwrap();
     assert_eq!(refused.status().as_u16(), 503);
+    let (worker, attempts) = recording_worker(&rig);
+    assert_eq!(first.await.unwrap().unwrap().status().as_u16(), 200);
+    // QStash's retry of the refused message: its first attempt still, no worker having started it.
+    assert_eq!(send(other, "msg_refused_once", "1").await.unwrap().status().as_u16(), 200);
+    worker.shutdown().await;
+    assert_eq!(*attempts.lock().unwrap(), [(7, 1), (9, 1)]);
+}
+
+/// Each run's (account, attempt), in order.
+type Attempts = Arc<std::sync::Mutex<Vec<(u32, u32)>>>;
+
+/// A worker on the rig's receiver that records each run's (account, attempt).
+fn recording_worker(rig: &common::Rig) -> (RunningWorker, Attempts) {
     let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = attempts.clone();
     let worker = Worker::builder(rig.backend.clone(), rig.ledger.clone())
@@ -533,9 +523,5 @@ async fn a_delivery_refused_past_the_park_bound_is_not_charged_an_attempt() {
         })
         .build()
         .start();
-    assert_eq!(first.await.unwrap().unwrap().status().as_u16(), 200);
-    // QStash's retry of the refused message: its first attempt still, no worker having started it.
-    assert_eq!(send(other, "msg_refused_once", "1").await.unwrap().status().as_u16(), 200);
-    worker.shutdown().await;
-    assert_eq!(*attempts.lock().unwrap(), [(7, 1), (9, 1)]);
+    (worker, attempts)
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::Grant;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,26 +13,13 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
-use redrive_core::{DeadLetter, Enqueue, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob, Worker};
-use serde::{Deserialize, Serialize};
+use redrive_core::{DeadLetter, Enqueue, FailureQuery, JobContext, JobError, NewJob, Worker};
 use sha2::{Digest, Sha256};
 
 const CURRENT: &str = "sig_current_canary_7d1c";
 const NEXT: &str = "sig_next_canary_42aa";
 /// How every JWT begins: `{"alg":` in base64url.
 const JWT: &str = "eyJhbGciOi";
-
-#[derive(Serialize, Deserialize)]
-struct Grant {
-    account: u32,
-}
-
-impl Job for Grant {
-    const KIND: &'static str = "grant";
-    fn key(&self, key: KeyBuilder) -> KeyBuilder {
-        key.fact("account", self.account)
-    }
-}
 
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);

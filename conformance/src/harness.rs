@@ -727,3 +727,74 @@ impl std::io::Write for WatchWriter {
         Ok(())
     }
 }
+
+/// In a wrapper's `impl Claim`: `retry`, `defer`, `release` and `dead_letter` passed to its
+/// `inner` unchanged, and `renewal` offered wherever the inner queue renews (the wrapper's own
+/// `impl Renew` then does the renewing).
+macro_rules! forward_settlements {
+    () => {
+        async fn retry(
+            &self,
+            lease: &redrive_core::Lease,
+            delay: std::time::Duration,
+            error: &str,
+        ) -> redrive_core::Result<()> {
+            self.inner.retry(lease, delay, error).await
+        }
+        async fn defer(&self, lease: &redrive_core::Lease, delay: std::time::Duration) -> redrive_core::Result<()> {
+            self.inner.defer(lease, delay).await
+        }
+        async fn release(&self, lease: &redrive_core::Lease) -> redrive_core::Result<()> {
+            self.inner.release(lease).await
+        }
+        async fn dead_letter(
+            &self,
+            job: &redrive_core::Claimed,
+            error: &str,
+        ) -> redrive_core::Result<Option<redrive_core::FailureRecord>> {
+            self.inner.dead_letter(job, error).await
+        }
+        fn renewal(&self) -> Option<&impl redrive_core::Renew> {
+            self.inner.renewal().map(|_| self)
+        }
+    };
+}
+pub(crate) use forward_settlements;
+
+/// `Backend` and `DeadLetter` for the wrapper `$wrapper<T>`, passed to its `inner` unchanged.
+macro_rules! forward_capabilities_and_records {
+    ($wrapper:ident) => {
+        impl<T: redrive_core::Backend> redrive_core::Backend for $wrapper<T> {
+            fn capabilities(&self) -> redrive_core::Capabilities {
+                self.inner.capabilities()
+            }
+        }
+
+        impl<T: redrive_core::DeadLetter> redrive_core::DeadLetter for $wrapper<T> {
+            async fn list(
+                &self,
+                query: &redrive_core::FailureQuery,
+            ) -> redrive_core::Result<Vec<redrive_core::FailureRecord>> {
+                self.inner.list(query).await
+            }
+            async fn get(&self, id: &redrive_core::FailureId) -> redrive_core::Result<redrive_core::FailureRecord> {
+                self.inner.get(id).await
+            }
+            async fn count_open(&self) -> redrive_core::Result<u64> {
+                self.inner.count_open().await
+            }
+            async fn discard(
+                &self,
+                id: &redrive_core::FailureId,
+                reason: &str,
+                actor: &str,
+            ) -> redrive_core::Result<()> {
+                self.inner.discard(id, reason, actor).await
+            }
+            async fn purge(&self, age: std::time::Duration) -> redrive_core::Result<u64> {
+                self.inner.purge(age).await
+            }
+        }
+    };
+}
+pub(crate) use forward_capabilities_and_records;

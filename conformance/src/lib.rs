@@ -72,11 +72,18 @@
 //! ```
 //!
 //! Run one behaviour alone with `cargo test exhaust`.
+//!
+//! # A worker process killed mid-job
+//!
+//! One fault needs a process to kill: [`kill_worker_mid_job`] re-runs your test binary as a
+//! worker, kills it with SIGKILL while its handlers run, and checks that a second worker finishes
+//! every job once. It is not in [`suite!`]: its documentation shows the test to write.
 
 mod faults;
 mod flaky;
 mod harness;
 mod limits;
+mod process;
 mod receipts;
 mod records;
 mod scenarios;
@@ -92,6 +99,7 @@ pub use faults::*;
 pub use flaky::FlakyStore;
 pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
 pub use limits::*;
+pub use process::{EnqueueJobs, hang_until_killed, is_killed_child, kill_worker_mid_job};
 pub use receipts::*;
 pub use records::check_record_store;
 use redrive_core::{Claim, DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};

@@ -7,13 +7,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redrive_core::{
-    Backend, Begin, Capabilities, Claim, Claimed, DeadLetter, FailureId, FailureQuery, FailureRecord, Hold,
-    IdempotencyKey, Kinds, Lease, Ledger, ProviderKey, Renew,
-};
+use redrive_core::{Begin, Claim, Claimed, Hold, IdempotencyKey, Kinds, Lease, Ledger, ProviderKey, Renew};
 use serde_json::Value;
 
-use crate::harness::{Fault, LogWatch, Probe, Run, ensure};
+use crate::harness::{Fault, LogWatch, Probe, Run, ensure, forward_capabilities_and_records, forward_settlements};
 use crate::{Outcome, Queue, Subject};
 
 /// A token, and whether a log line has held it.
@@ -58,11 +55,7 @@ struct Watched<T> {
 
 type R<T> = redrive_core::Result<T>;
 
-impl<T: Backend> Backend for Watched<T> {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-}
+forward_capabilities_and_records!(Watched);
 
 impl<T: Claim> Claim for Watched<T> {
     async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> R<Vec<Claimed>> {
@@ -73,21 +66,7 @@ impl<T: Claim> Claim for Watched<T> {
     async fn complete(&self, lease: &Lease, result: Option<&Value>) -> R<()> {
         self.inner.complete(lease, result).await
     }
-    async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> R<()> {
-        self.inner.retry(lease, delay, error).await
-    }
-    async fn defer(&self, lease: &Lease, delay: Duration) -> R<()> {
-        self.inner.defer(lease, delay).await
-    }
-    async fn release(&self, lease: &Lease) -> R<()> {
-        self.inner.release(lease).await
-    }
-    async fn dead_letter(&self, job: &Claimed, error: &str) -> R<Option<FailureRecord>> {
-        self.inner.dead_letter(job, error).await
-    }
-    fn renewal(&self) -> Option<&impl Renew> {
-        self.inner.renewal().map(|_| self)
-    }
+    forward_settlements!();
 }
 
 impl<T: Claim> Renew for Watched<T> {
@@ -96,24 +75,6 @@ impl<T: Claim> Renew for Watched<T> {
         let renewed = renewal.renew(lease, by).await?;
         self.tokens.watch(&renewed.token);
         Ok(renewed)
-    }
-}
-
-impl<T: DeadLetter> DeadLetter for Watched<T> {
-    async fn list(&self, query: &FailureQuery) -> R<Vec<FailureRecord>> {
-        self.inner.list(query).await
-    }
-    async fn get(&self, id: &FailureId) -> R<FailureRecord> {
-        self.inner.get(id).await
-    }
-    async fn count_open(&self) -> R<u64> {
-        self.inner.count_open().await
-    }
-    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> R<()> {
-        self.inner.discard(id, reason, actor).await
-    }
-    async fn purge(&self, age: Duration) -> R<u64> {
-        self.inner.purge(age).await
     }
 }
 

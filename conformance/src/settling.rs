@@ -6,13 +6,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redrive_core::{
-    Backend, Capabilities, Claim, Claimed, DeadLetter, Error, FailureId, FailureQuery, FailureRecord, IdempotencyKey,
-    Kinds, Lease, Ledger, Renew,
-};
+use redrive_core::{Claim, Claimed, Error, IdempotencyKey, Kinds, Lease, Ledger, Renew};
 use tokio::time::Instant;
 
-use crate::harness::{Probe, Run, ensure};
+use crate::harness::{Probe, Run, ensure, forward_capabilities_and_records, forward_settlements};
 use crate::{Outcome, Queue, Subject};
 
 /// Behaviour 28: Every completion of one worker is refused with a temporary error ("database is
@@ -91,11 +88,7 @@ impl<Q: Clone> Busy<Q> {
 
 type R<T> = redrive_core::Result<T>;
 
-impl<Q: Backend> Backend for Busy<Q> {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-}
+forward_capabilities_and_records!(Busy);
 
 impl<Q: Claim> Claim for Busy<Q> {
     async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> R<Vec<Claimed>> {
@@ -119,44 +112,12 @@ impl<Q: Claim> Claim for Busy<Q> {
         self.log.lock().unwrap().completed += 1;
         Ok(())
     }
-    async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> R<()> {
-        self.inner.retry(lease, delay, error).await
-    }
-    async fn defer(&self, lease: &Lease, delay: Duration) -> R<()> {
-        self.inner.defer(lease, delay).await
-    }
-    async fn release(&self, lease: &Lease) -> R<()> {
-        self.inner.release(lease).await
-    }
-    async fn dead_letter(&self, job: &Claimed, error: &str) -> R<Option<FailureRecord>> {
-        self.inner.dead_letter(job, error).await
-    }
-    fn renewal(&self) -> Option<&impl Renew> {
-        self.inner.renewal().map(|_| self)
-    }
+    forward_settlements!();
 }
 
 impl<Q: Claim> Renew for Busy<Q> {
     async fn renew(&self, lease: &Lease, by: Duration) -> R<Lease> {
         let renewal = self.inner.renewal().expect("offered only where the inner queue renews");
         renewal.renew(lease, by).await
-    }
-}
-
-impl<Q: DeadLetter> DeadLetter for Busy<Q> {
-    async fn list(&self, query: &FailureQuery) -> R<Vec<FailureRecord>> {
-        self.inner.list(query).await
-    }
-    async fn get(&self, id: &FailureId) -> R<FailureRecord> {
-        self.inner.get(id).await
-    }
-    async fn count_open(&self) -> R<u64> {
-        self.inner.count_open().await
-    }
-    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> R<()> {
-        self.inner.discard(id, reason, actor).await
-    }
-    async fn purge(&self, age: Duration) -> R<u64> {
-        self.inner.purge(age).await
     }
 }

@@ -3,10 +3,14 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use redrive_core::{Job, JobContext, JobError, KeyBuilder, NewJob, RunningWorker, Worker, WorkerConfig};
 use redrive_postgres::{PgBackend, PgConfig};
+use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use tokio::sync::OnceCell;
 
@@ -56,4 +60,54 @@ pub async fn backend_with(config: PgConfig) -> PgBackend {
     CLEANED.get_or_init(|| drop_stale_schemas(backend.pool())).await;
     backend.migrate().await.expect("migrate");
     backend
+}
+
+/// The job the fault tests run: one charge per order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Charge {
+    pub order: u32,
+}
+
+impl Job for Charge {
+    const KIND: &'static str = "charge";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("order", self.order)
+    }
+}
+
+pub fn charge(order: u32) -> NewJob {
+    NewJob::from_job(&Charge { order }).unwrap()
+}
+
+/// A worker on `backend` (2 s lease, heartbeat) whose handler takes `work` and then counts the
+/// order's effect: effects by order, to check every job done once after a fault.
+pub fn counting_worker(backend: &PgBackend, work: Duration) -> (RunningWorker, Arc<Mutex<HashMap<u32, u32>>>) {
+    let effects: Arc<Mutex<HashMap<u32, u32>>> = Arc::default();
+    let seen = Arc::clone(&effects);
+    let config = WorkerConfig {
+        lease: Duration::from_secs(2),
+        heartbeat: Some(Duration::from_millis(600)),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(config)
+        .handle::<Charge>(move |job: Charge, _ctx: JobContext| {
+            let seen = Arc::clone(&seen);
+            async move {
+                tokio::time::sleep(work).await;
+                *seen.lock().unwrap().entry(job.order).or_default() += 1;
+                Ok::<_, JobError>(())
+            }
+        })
+        .build()
+        .start();
+    (worker, effects)
+}
+
+pub async fn wait_for(what: &str, secs: u64, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !done().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

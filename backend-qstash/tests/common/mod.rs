@@ -7,9 +7,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use redrive_core::{Job, KeyBuilder};
 use redrive_postgres::{PgBackend, PgConfig};
 use redrive_qstash::{QStashBackend, QStashConfig};
 use redrive_qstash_emulator::{Emulator, EmulatorBuilder, RunningEmulator};
+use serde::{Deserialize, Serialize};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -85,4 +87,17 @@ pub fn counting_worker<J: redrive_core::Job>(rig: &Rig) -> (redrive_core::Runnin
         .build()
         .start();
     (worker, runs)
+}
+
+/// The job the receiver tests enqueue: a grant to an account.
+#[derive(Serialize, Deserialize)]
+pub struct Grant {
+    pub account: u32,
+}
+
+impl Job for Grant {
+    const KIND: &'static str = "grant";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("account", self.account)
+    }
 }
