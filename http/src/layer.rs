@@ -335,9 +335,12 @@ where
 }
 
 /// The first request with a key, run to its end whatever its client does: the handler, its
-/// body, its stored answer, with the key's hold renewed throughout. The client gets the response
-/// as the body comes; its body ends only once the answer is stored, so a client that has read it
-/// whole finds it stored.
+/// body, its stored answer, with the key's hold renewed throughout. A body that fits
+/// [`Idempotency::max_stored`] (almost all) is read whole, stored, then sent in one piece: sent in
+/// frames with its end held back until the store, its last write would wait out the client's
+/// delayed ACK (40 ms) behind Nagle's algorithm. A larger one streams to the client as it comes;
+/// its end is still held back until the answer is stored, so a client that has read it whole
+/// finds it stored.
 async fn first_run<S, L>(
     config: Arc<Idempotency<L>>,
     mut inner: S,
@@ -352,12 +355,49 @@ async fn first_run<S, L>(
     let work = async {
         let (parts, mut body) = run(&mut inner, request).await.into_parts();
         let (status, headers) = (parts.status.as_u16(), kept(&parts.headers, &config.kept_headers));
+        // Read while the body fits what is stored and carries data only.
+        let mut kept_body = Vec::new();
+        let mut first_streamed = None;
+        while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+            match frame {
+                Ok(frame) if frame.data_ref().is_some_and(|d| kept_body.len() + d.len() <= config.max_stored) => {
+                    kept_body.extend_from_slice(frame.data_ref().expect("a data frame"));
+                }
+                Ok(frame) => {
+                    first_streamed = Some(frame);
+                    break;
+                }
+                Err(e) => {
+                    // The handler's body failed: nothing to keep, and the client is told.
+                    warn!(key = %key, error = %e, "the response body failed; the key is released");
+                    let _ = config.ledger.release_hold(&hold).await;
+                    let _ = answer.send(plain(StatusCode::INTERNAL_SERVER_ERROR, "the response failed"));
+                    return;
+                }
+            }
+        }
+        let Some(first_streamed) = first_streamed else {
+            let stored = Stored { status, headers, body: Some(STANDARD.encode(&kept_body)) };
+            store(&config, &key, &hold, &stored).await;
+            let _ = answer.send(Response::from_parts(parts, Body::from(kept_body)));
+            return;
+        };
         // No size hint: hyper would end a sized response at its last byte, before it is stored.
         let (frames, forwarded) = mpsc::channel(16);
         let response = Response::from_parts(parts, Body::new(Forwarded(forwarded)));
         let mut client = answer.send(response).is_ok().then_some(frames);
-        let mut stored_body = Some(Vec::new());
-        while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        // Still storable where what stopped the reading is a trailers frame, not more data.
+        let mut stored_body = first_streamed.data_ref().is_none().then(|| kept_body.clone());
+        let read_so_far = (!kept_body.is_empty()).then(|| Frame::data(Bytes::from(kept_body)));
+        let mut next = read_so_far.into_iter().chain([first_streamed]).map(Ok).collect::<Vec<_>>().into_iter();
+        loop {
+            let frame = match next.next() {
+                Some(frame) => frame,
+                None => match poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+                    Some(frame) => frame,
+                    None => break,
+                },
+            };
             let frame = match frame {
                 Ok(frame) => frame,
                 Err(e) => {
