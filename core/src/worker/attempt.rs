@@ -14,7 +14,6 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::{Count, HandlerResult, Shared, panicked};
@@ -72,13 +71,7 @@ enum Ran {
 }
 
 impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
-    pub(super) async fn process(
-        &self,
-        claimed: Claimed,
-        claimed_at: Instant,
-        slot: OwnedSemaphorePermit,
-        abandon: CancellationToken,
-    ) {
+    pub(super) async fn process(&self, claimed: Claimed, claimed_at: Instant, slot: OwnedSemaphorePermit) {
         let job = &claimed.job;
         if let Some(why) = &job.undecodable {
             // The backend could not read it: its kind and payload are stand-ins, so no handler
@@ -184,7 +177,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         };
         let started = Instant::now();
         metrics::counter!("redrive_handlers_started_total", "kind" => job.kind.clone()).increment(1);
-        let ran = self.run_holding(&attempt, &hold, run, &abandon).await;
+        let ran = self.run_holding(&attempt, &hold, run).await;
         let took = started.elapsed();
         self.pace.record(took);
         metrics::histogram!("redrive_handler_seconds", "kind" => job.kind.clone()).record(took.as_secs_f64());
@@ -302,13 +295,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     }
 
     /// Runs the handler while keeping its key held.
-    async fn run_holding(
-        &self,
-        attempt: &Attempt<'_>,
-        hold: &Hold,
-        run: BoxFuture<'static, HandlerResult>,
-        abandon: &CancellationToken,
-    ) -> Ran {
+    async fn run_holding(&self, attempt: &Attempt<'_>, hold: &Hold, run: BoxFuture<'static, HandlerResult>) -> Ran {
         let mut run = AssertUnwindSafe(run).catch_unwind();
         let finished = |result: std::thread::Result<HandlerResult>| result.unwrap_or_else(|p| Err(panicked(p)));
         // A handler that is done at its first poll needs no timer. (That poll has a no-op waker;
@@ -319,7 +306,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         tokio::select! {
             result = &mut run => Ran::Finished(finished(result)),
             () = self.keep_alive(attempt, hold) => Ran::HoldLapsing,
-            () = abandon.cancelled() => Ran::Abandoned,
+            () = self.abandon.cancelled() => Ran::Abandoned,
         }
     }
 

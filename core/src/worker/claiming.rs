@@ -104,14 +104,12 @@ fn claim_count(n: usize, batch: usize) -> usize {
 pub(super) async fn claim_loop<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
     shared: Arc<Shared<Q, L>>,
     stop: CancellationToken,
-    abandon: CancellationToken,
     tracker: TaskTracker,
 ) {
     let claimers = shared.config.claimers.max(1);
     let room = Arc::new(Semaphore::new(shared.batch() * claimers));
     let (buffer, waiting) = mpsc::unbounded_channel::<(Instant, Claimed)>();
-    let dispatcher =
-        tokio::spawn(dispatch(Arc::clone(&shared), waiting, Arc::clone(&room), stop.clone(), abandon, tracker));
+    let dispatcher = tokio::spawn(dispatch(Arc::clone(&shared), waiting, Arc::clone(&room), stop.clone(), tracker));
     let sweep = tokio::spawn(super::alerts::sweep(Arc::clone(&shared), stop.clone()));
     let claimers: Vec<_> = (0..claimers)
         .map(|_| tokio::spawn(claimer(Arc::clone(&shared), buffer.clone(), Arc::clone(&room), stop.clone())))
@@ -215,7 +213,6 @@ async fn dispatch<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
     mut waiting: mpsc::UnboundedReceiver<(Instant, Claimed)>,
     room: Arc<Semaphore>,
     stop: CancellationToken,
-    abandon: CancellationToken,
     tracker: TaskTracker,
 ) {
     let slots = Arc::clone(&shared.slots);
@@ -254,10 +251,9 @@ async fn dispatch<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
             tracker.spawn(async move { shared.give_back(&job).await }.instrument(span));
             continue;
         }
-        let abandon = abandon.clone();
         tracker.spawn(
             async move {
-                shared.process(job, claimed_at, slot, abandon).await;
+                shared.process(job, claimed_at, slot).await;
                 drop(out);
                 // Its slot is free again, however the attempt ended (a hand-back, a skip, a
                 // record): that is room for a claim.

@@ -528,7 +528,7 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> Worker<Q, L> {
         let shared = Arc::clone(&self.shared);
         let counters: Arc<dyn Fn() -> WorkerStats + Send + Sync> = Arc::new(move || shared.counters.snapshot());
         let grace = self.shared.config.shutdown_grace;
-        let main = tokio::spawn(claiming::claim_loop(self.shared, stop.clone(), abandon.clone(), tracker.clone()));
+        let main = tokio::spawn(claiming::claim_loop(self.shared, stop.clone(), tracker.clone()));
         RunningWorker { stop, abandon, tracker, main: Some(main), grace, stats: counters }
     }
 
