@@ -313,23 +313,35 @@ pub struct JobContext {
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobError {
     message: String,
-    retry: Option<Option<Duration>>,
+    retrying: Retrying,
+}
+
+/// Whether and when a failed attempt is tried again (below the cap: at the cap no retry is
+/// left, whatever the handler asked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retrying {
+    /// Never: retrying cannot help, the job goes to a failure record now.
+    Never,
+    /// After the worker's [`Backoff`](crate::Backoff).
+    Backoff,
+    /// After this delay, instead of the backoff (a provider's `Retry-After`, say).
+    After(Duration),
 }
 
 impl JobError {
     /// Retry with the worker's backoff.
     pub fn retry(message: impl std::fmt::Display) -> Self {
-        Self { message: message.to_string(), retry: Some(None) }
+        Self { message: message.to_string(), retrying: Retrying::Backoff }
     }
 
     /// Retry after `delay` (a provider's `Retry-After`, say).
     pub fn retry_after(delay: Duration, message: impl std::fmt::Display) -> Self {
-        Self { message: message.to_string(), retry: Some(Some(delay)) }
+        Self { message: message.to_string(), retrying: Retrying::After(delay) }
     }
 
     /// Do not retry: the job goes to a failure record now.
     pub fn permanent(message: impl std::fmt::Display) -> Self {
-        Self { message: message.to_string(), retry: None }
+        Self { message: message.to_string(), retrying: Retrying::Never }
     }
 
     /// The message stored as the record's last error.
@@ -337,9 +349,9 @@ impl JobError {
         &self.message
     }
 
-    /// `None` for a permanent error; otherwise the requested delay, if any.
-    pub fn retry_delay(&self) -> Option<Option<Duration>> {
-        self.retry
+    /// Whether and when the job is tried again.
+    pub fn retrying(&self) -> Retrying {
+        self.retrying
     }
 }
 
@@ -410,8 +422,10 @@ mod tests {
             Err(std::io::Error::other("smtp down"))?
         }
         let err = fails().unwrap_err();
-        assert_eq!(err.retry_delay(), Some(None));
-        assert_eq!(JobError::permanent("bad address").retry_delay(), None);
+        assert_eq!(err.retrying(), Retrying::Backoff);
+        assert_eq!(JobError::permanent("bad address").retrying(), Retrying::Never);
+        let throttled = JobError::retry_after(Duration::from_secs(42), "429");
+        assert_eq!(throttled.retrying(), Retrying::After(Duration::from_secs(42)));
     }
 }
 

@@ -6,6 +6,8 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use serde_json::Value;
 
+use crate::job::{JobError, Retrying};
+
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -23,6 +25,19 @@ pub enum Outcome {
         /// The error.
         error: String,
     },
+}
+
+impl From<JobError> for Outcome {
+    /// A failed attempt: retried (after the delay its handler asked for, if any) unless its
+    /// handler said retrying cannot help.
+    fn from(failed: JobError) -> Self {
+        let error = failed.message().to_owned();
+        match failed.retrying() {
+            Retrying::Never => Self::Fail { error },
+            Retrying::Backoff => Self::Retry { after: None, error },
+            Retrying::After(delay) => Self::Retry { after: Some(delay), error },
+        }
+    }
 }
 
 /// What the worker does next.
@@ -126,6 +141,17 @@ mod tests {
         let asked = Outcome::Retry { after: Some(Duration::from_secs(42)), error: "429".into() };
         assert_eq!(policy.decide(2, 5, &asked), Decision::RetryIn(Duration::from_secs(42)));
         assert_eq!(policy.decide(5, 5, &asked), Decision::DeadLetter);
+    }
+
+    #[test]
+    fn a_handler_error_is_the_outcome_it_asks_for() {
+        assert_eq!(Outcome::from(JobError::permanent("bad")), Outcome::Fail { error: "bad".into() });
+        assert_eq!(Outcome::from(JobError::retry("down")), Outcome::Retry { after: None, error: "down".into() });
+        let throttled = JobError::retry_after(Duration::from_secs(42), "429");
+        assert_eq!(
+            Outcome::from(throttled),
+            Outcome::Retry { after: Some(Duration::from_secs(42)), error: "429".into() }
+        );
     }
 
     #[test]

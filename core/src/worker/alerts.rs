@@ -7,10 +7,12 @@
 //! worker's sweep sends it. Two workers never both send one record's alert to one sink, and a
 //! worker that died mid-send is the only way a sink sees an alert twice.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::json;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
@@ -19,6 +21,24 @@ use crate::alert::{Alert, AlertSink};
 use crate::backend::{Begin, Claim, DeadLetter, FailureQuery, FailureRecord, Ledger};
 use crate::key::{IdempotencyKey, ProviderKey};
 use crate::policy::Backoff;
+
+/// The part of the worker that alerts: the sinks, and the signal that a record is on its way.
+pub(super) struct Alerting {
+    sinks: Vec<Arc<dyn AlertSink>>,
+    /// A job handed to a service that writes its record later (QStash): the sweep looks soon.
+    handed_off: Notify,
+}
+
+impl Alerting {
+    pub(super) fn new(sinks: Vec<Arc<dyn AlertSink>>) -> Self {
+        Self { sinks, handed_off: Notify::new() }
+    }
+
+    /// A job was handed to a service that writes its record later: the sweep looks soon.
+    pub(super) fn handed_off(&self) {
+        self.handed_off.notify_one();
+    }
+}
 
 /// The job kind of alert keys in the ledger.
 pub(super) const ALERT_KIND: &str = "redrive_alert";
@@ -48,7 +68,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     /// Sends the record's alert (`reminder` 0) or its n-th reminder to every sink, once each.
     async fn announce(&self, record: FailureRecord, reminder: u32) {
         let alert = Alert { record, raised_at: Utc::now(), reminder };
-        for (n, sink) in self.alerts.iter().enumerate() {
+        for (n, sink) in self.alerting.sinks.iter().enumerate() {
             self.alert_sink(n, sink.as_ref(), &alert).await;
         }
     }
@@ -143,10 +163,7 @@ const HANDED_OFF_LOOKS: u32 = 4;
 
 /// Sweeps at start, then every `alert_sweep` (and every second for a few seconds after a job
 /// was handed to a service's dead-letter queue), until the worker stops.
-pub(super) async fn sweep<Q: Claim + DeadLetter, L: Ledger>(
-    shared: std::sync::Arc<Shared<Q, L>>,
-    stop: CancellationToken,
-) {
+pub(super) async fn sweep<Q: Claim + DeadLetter, L: Ledger>(shared: Arc<Shared<Q, L>>, stop: CancellationToken) {
     shared.sweep_once(&stop).await;
     let mut looks_left: u32 = 0;
     loop {
@@ -155,7 +172,7 @@ pub(super) async fn sweep<Q: Claim + DeadLetter, L: Ledger>(
         tokio::select! {
             () = tokio::time::sleep(wait) => looks_left = looks_left.saturating_sub(1),
             // The service has only just been answered: look after a second, not at once.
-            () = shared.handed_off.notified() => {
+            () = shared.alerting.handed_off.notified() => {
                 looks_left = HANDED_OFF_LOOKS;
                 continue;
             }

@@ -1,19 +1,73 @@
 //! Claiming ahead of the handlers: the claimers, the pace that sizes their claims, the back-off
 //! while the effect ledger is unreachable, and the dispatcher that hands claimed jobs to handlers.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, debug, error, warn};
+use tracing::{Instrument, error, warn};
 
 use super::{Count, Shared, WorkerConfig, job_span};
-use crate::backend::{Claim, Claimed, DeadLetter, Ledger};
+use crate::backend::{Claim, Claimed, DeadLetter, Kinds, Ledger};
 use crate::policy::Backoff;
+
+/// The part of the worker that claims: what it claims, how much ahead of its handlers, and when
+/// it pauses.
+pub(super) struct Claiming {
+    /// The kinds this worker has handlers for: the only ones it claims.
+    kinds: Kinds,
+    pace: Pace,
+    /// Backs off claims while the effect ledger is unreachable.
+    infra: Infra,
+    /// Claimed jobs waiting for a handler, and a signal each time one is taken or a handler
+    /// finishes (either makes room for a claim).
+    buffered: AtomicUsize,
+    taken: Notify,
+    /// A permit per handler running.
+    slots: Arc<Semaphore>,
+}
+
+impl Claiming {
+    pub(super) fn new(kinds: Kinds, concurrency: usize) -> Self {
+        Self {
+            kinds,
+            pace: Pace::default(),
+            infra: Infra::default(),
+            buffered: AtomicUsize::new(0),
+            taken: Notify::new(),
+            slots: Arc::new(Semaphore::new(concurrency.max(1))),
+        }
+    }
+
+    /// A handler finished, or a claimed job left the buffer: room for a claim.
+    pub(super) fn room_made(&self) {
+        self.taken.notify_waiters();
+    }
+
+    /// A handler took this long: the pace claims follow.
+    pub(super) fn handler_took(&self, took: Duration) {
+        self.pace.record(took);
+    }
+
+    /// The effect ledger could not be reached (again): how many times in a row.
+    pub(super) fn ledger_failed(&self) -> u32 {
+        self.infra.failed()
+    }
+
+    /// Pauses claims for `delay` (or until a later pause already set ends).
+    pub(super) fn pause_for(&self, delay: Duration) {
+        self.infra.pause_for(delay);
+    }
+
+    /// The effect ledger answered: the next outage backs off from the start.
+    pub(super) fn ledger_ok(&self) {
+        self.infra.ok();
+    }
+}
 
 /// How much work a worker claims ahead of its handlers: about this long of it. Fast jobs are
 /// claimed in full batches; slow ones a few at a time, so that several workers on one queue share
@@ -25,10 +79,10 @@ const UNSETTLED_LOOK: Duration = Duration::from_millis(20);
 
 /// A moving average of how long handlers take, in microseconds; 0 until one has finished.
 #[derive(Debug, Default)]
-pub(super) struct Pace(AtomicU64);
+struct Pace(AtomicU64);
 
 impl Pace {
-    pub(super) fn record(&self, took: Duration) {
+    fn record(&self, took: Duration) {
         let took = took.as_micros().clamp(1, u64::MAX as u128) as u64;
         // Weight 1/4 to the newest: it follows a change of workload within a few jobs.
         let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
@@ -52,32 +106,28 @@ impl Pace {
 }
 
 /// Failures of the effect ledger in a row, and until when claims pause because of them. An
-/// unreachable ledger is not the job's fault: its jobs are deferred without spending an attempt,
-/// and the worker stops taking more until the pause is over.
+/// unreachable ledger is not the job's fault: its jobs are deferred without spending an attempt
+/// (for as long as admission says), and the worker stops taking more until the pause is over.
 #[derive(Debug, Default)]
-pub(super) struct Infra {
+struct Infra {
     failures: AtomicU32,
     pause_until: Mutex<Option<Instant>>,
 }
 
 impl Infra {
-    /// Counts a failure; returns how long to put the job back for (and pause claims).
-    pub(super) fn failed(&self, lease: Duration) -> Duration {
-        let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        // Up to a third of the lease, so that the queue is back at work soon after the ledger.
-        let backoff = Backoff {
-            base: Duration::from_millis(100),
-            max: (lease / 3).max(Duration::from_millis(100)),
-            ..Backoff::default()
-        };
-        let delay = backoff.delay(n);
+    /// Counts a failure; returns the failures in a row.
+    fn failed(&self) -> u32 {
+        self.failures.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Pauses claims for `delay`, unless they are paused for longer already.
+    fn pause_for(&self, delay: Duration) {
         let mut until = self.pause_until.lock().unwrap_or_else(|p| p.into_inner());
         let end = Instant::now() + delay;
         *until = Some(until.map_or(end, |u| u.max(end)));
-        delay
     }
 
-    pub(super) fn ok(&self) {
+    fn ok(&self) {
         self.failures.store(0, Ordering::Relaxed);
     }
 
@@ -138,7 +188,7 @@ async fn claimer<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
 ) {
     let mut failures = 0u32;
     while !stop.is_cancelled() {
-        if let Some(until) = shared.infra.pause() {
+        if let Some(until) = shared.claiming.infra.pause() {
             tokio::select! {
                 () = tokio::time::sleep_until(until) => {}
                 () = stop.cancelled() => break,
@@ -146,7 +196,7 @@ async fn claimer<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
         }
         // A settlement being tried again (the database was unreachable, or busy) lands before the
         // next claim, which could sweep its job's lapsed lease back to the queue and run it twice.
-        while shared.unsettled.load(Ordering::Relaxed) > 0 {
+        while shared.attempts.unsettled() > 0 {
             tokio::select! {
                 () = tokio::time::sleep(UNSETTLED_LOOK) => {}
                 () = stop.cancelled() => break,
@@ -172,15 +222,19 @@ async fn claimer<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
             }
         };
         room.add_permits(asked - want);
-        let claimed = match shared.queue.claim(&shared.kinds, want, shared.claim_lease, shared.config.poll).await {
+        let claimed = match shared
+            .queue
+            .claim(&shared.claiming.kinds, want, shared.claim_lease, shared.config.poll)
+            .await
+        {
             Ok(claimed) => {
                 failures = 0;
                 claimed
             }
             Err(e) => {
                 room.add_permits(want);
-                shared.buffered.fetch_sub(want, Ordering::Relaxed); // the reservation
-                shared.taken.notify_waiters();
+                shared.claiming.buffered.fetch_sub(want, Ordering::Relaxed); // the reservation
+                shared.claiming.room_made();
                 failures += 1;
                 let pause =
                     Backoff { base: Duration::from_millis(100), max: Duration::from_secs(10), ..Backoff::default() };
@@ -195,9 +249,9 @@ async fn claimer<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
         // The room and the reservation made for `want` become the jobs that came.
         let unfilled = want.saturating_sub(claimed.len());
         room.add_permits(unfilled);
-        shared.buffered.fetch_sub(unfilled, Ordering::Relaxed);
+        shared.claiming.buffered.fetch_sub(unfilled, Ordering::Relaxed);
         if unfilled > 0 {
-            shared.taken.notify_waiters();
+            shared.claiming.room_made();
         }
         let now = Instant::now();
         for job in claimed {
@@ -215,7 +269,7 @@ async fn dispatch<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
     stop: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let slots = Arc::clone(&shared.slots);
+    let slots = Arc::clone(&shared.claiming.slots);
     // Jobs between dispatch and settlement. A handler's slot is freed as soon as it returns, so
     // settlements (batched by the backend) overlap the next handlers; this bounds how many wait.
     let outstanding =
@@ -235,29 +289,20 @@ async fn dispatch<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
         };
         // Counted as waiting until it has its handler slot, so that no claim is made for the
         // slot it is about to take.
-        shared.buffered.fetch_sub(1, Ordering::Relaxed);
-        shared.taken.notify_waiters();
+        shared.claiming.buffered.fetch_sub(1, Ordering::Relaxed);
+        shared.claiming.room_made();
         let Some((out, slot)) = permits else {
             unstarted.push(job);
             continue;
         };
         let span = job_span(&job);
         let shared = Arc::clone(&shared);
-        if claimed_at.elapsed() >= shared.claim_lease / 2 {
-            // It waited in the buffer for half its claim lease: give it back rather than run it
-            // on a lease about to lapse. Its slot is free again at once: room for a claim.
-            drop((out, slot));
-            shared.taken.notify_waiters();
-            tracker.spawn(async move { shared.give_back(&job).await }.instrument(span));
-            continue;
-        }
         tracker.spawn(
             async move {
-                shared.process(job, claimed_at, slot).await;
-                drop(out);
+                shared.process(job, claimed_at, slot, out).await;
                 // Its slot is free again, however the attempt ended (a hand-back, a skip, a
                 // record): that is room for a claim.
-                shared.taken.notify_waiters();
+                shared.claiming.room_made();
             }
             .instrument(span),
         );
@@ -280,7 +325,8 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     /// a handler that is free, never to wait behind a running one for longer than their claim
     /// lease.
     fn room(&self) -> usize {
-        self.pace.ahead(&self.config, self.claim_lease).max(self.slots.available_permits())
+        let claiming = &self.claiming;
+        claiming.pace.ahead(&self.config, self.claim_lease).max(claiming.slots.available_permits())
     }
 
     /// Jobs to ask for in one claim: the claimers' share of the [`room`](Self::room), the whole
@@ -295,16 +341,20 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     /// that two claimers never both claim for the same idle handler. Returns how many.
     async fn wait_for_pace(&self, want: usize) -> usize {
         loop {
-            let taken = self.taken.notified();
+            let taken = self.claiming.taken.notified();
             let mut taken = std::pin::pin!(taken);
             // Registered before looking, so a job taken in between is not missed.
             taken.as_mut().enable();
-            let buffered = self.buffered.load(Ordering::Relaxed);
+            let buffered = self.claiming.buffered.load(Ordering::Relaxed);
             let free = self.room().saturating_sub(buffered);
             if free > 0 {
                 let take = claim_count(want.min(free), self.batch());
-                let reserved =
-                    self.buffered.compare_exchange(buffered, buffered + take, Ordering::AcqRel, Ordering::Relaxed);
+                let reserved = self.claiming.buffered.compare_exchange(
+                    buffered,
+                    buffered + take,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
                 if reserved.is_ok() {
                     return take;
                 }
@@ -312,13 +362,6 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             }
             taken.await;
         }
-    }
-
-    async fn give_back(&self, claimed: &Claimed) {
-        debug!("handed back before it started");
-        self.counters.add_for(Count::HandedBack, &claimed.job.kind, 1);
-        // Its handler never ran: the job must not pay for it.
-        self.settle("hand back", || self.hand_back(&claimed.lease)).await;
     }
 }
 

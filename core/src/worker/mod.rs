@@ -1,33 +1,49 @@
-//! The worker: one for every backend. Claim → decode → ledger check → handler → settle, and
-//! an alert for every failure record.
+//! The worker: one for every backend. Claim → admit → handler → settle, and an alert for every
+//! failure record. Its decisions are pure functions apart from the mechanics that carry them
+//! out: admission (`admission.rs`) and the retry policy ([`RetryPolicy`](crate::RetryPolicy)).
 //!
-//! - `mod.rs`: configuration, counters, handlers, the builder, start and shutdown;
-//! - `claiming.rs`: the claimers, the pace of claims and the dispatcher;
-//! - `attempt.rs`: one job's attempt, its key's hold and its settlement;
-//! - `alerts.rs`: alerts delivered at least once per record, deduplicated through the ledger.
+//! - `mod.rs`: configuration, the builder, start and shutdown, and what the parts share;
+//! - `claiming.rs` ([`Claiming`](claiming::Claiming)): the claimers, the pace of claims and the
+//!   dispatcher;
+//! - `admission.rs`: whether a claimed job runs now (run, defer, complete unrun, dead-letter,
+//!   release), table-tested;
+//! - `attempt.rs` ([`Attempts`](attempt::Attempts)): one job's attempt, carrying admission and
+//!   the retry decision out;
+//! - `hold.rs`: keeping the key's hold alive, one path per [`HoldMode`](hold::HoldMode);
+//! - `settle.rs`: settlements, tried again while they fail for a temporary reason;
+//! - `alerts.rs` ([`Alerting`](alerts::Alerting)): alerts delivered at least once per record,
+//!   deduplicated through the ledger;
+//! - `handler.rs`, `stats.rs`: the handler API and the counters.
 
+mod admission;
 mod alerts;
 mod attempt;
 mod claiming;
+mod handler;
+mod hold;
+mod settle;
+mod stats;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use serde::Serialize;
-use serde_json::Value;
-use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, info_span};
 
-use crate::alert::{Alert, AlertSink, BoxFuture, TracingAlerts};
+use self::alerts::Alerting;
+use self::attempt::Attempts;
+use self::claiming::Claiming;
+use self::handler::{Erased, Typed};
+pub use self::handler::{Handler, HandlerResult};
+pub use self::stats::WorkerStats;
+use self::stats::{Count, Counters};
+use crate::alert::{Alert, AlertSink, TracingAlerts};
 use crate::backend::{Capabilities, Claim, Claimed, DeadLetter, Kinds, Ledger};
-use crate::job::{Job, JobContext, JobError};
-use crate::policy::{Backoff, RetryPolicy};
+use crate::job::Job;
+use crate::policy::Backoff;
 
 /// How a worker runs. Every field has a sensible default.
 #[derive(Debug, Clone)]
@@ -95,181 +111,6 @@ impl Default for WorkerConfig {
             remind_after: None,
         }
     }
-}
-
-/// Counters of what a worker did, for tests, metrics and the quickstart's evidence.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WorkerStats {
-    /// Jobs claimed.
-    pub claimed: u64,
-    /// Handlers that succeeded (effect done, job complete).
-    pub succeeded: u64,
-    /// Jobs acknowledged without running because the ledger said the effect was done.
-    pub skipped: u64,
-    /// Jobs put back without spending an attempt: another attempt held the key, no handler for
-    /// the kind, or the effect ledger was unreachable.
-    pub deferred: u64,
-    /// Failed attempts put back for a retry.
-    pub retried: u64,
-    /// Failure records written.
-    pub dead_lettered: u64,
-    /// Running jobs given back when the shutdown grace ran out, at no attempt's cost.
-    pub released: u64,
-    /// Claimed jobs given back before they started: at shutdown, or after waiting half their
-    /// lease in the buffer.
-    pub handed_back: u64,
-    /// Settlements refused because the lease had moved on.
-    pub lease_lost: u64,
-    /// Handlers cancelled because their key's hold could not be renewed before it lapsed.
-    pub cancelled: u64,
-    /// Alerts delivered (one per record and sink).
-    pub alerted: u64,
-    /// Jobs dropped unrun because they were claimed past their deadline (work worthless late).
-    pub expired: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters([AtomicU64; 12]);
-
-#[derive(Clone, Copy)]
-enum Count {
-    Claimed,
-    Succeeded,
-    Skipped,
-    Deferred,
-    Retried,
-    DeadLettered,
-    Released,
-    HandedBack,
-    LeaseLost,
-    Cancelled,
-    Alerted,
-    Expired,
-}
-
-impl Count {
-    /// The `outcome` label of `redrive_jobs_total`.
-    fn name(self) -> &'static str {
-        match self {
-            Self::Claimed => "claimed",
-            Self::Succeeded => "succeeded",
-            Self::Skipped => "skipped",
-            Self::Deferred => "deferred",
-            Self::Retried => "retried",
-            Self::DeadLettered => "dead_lettered",
-            Self::Released => "released",
-            Self::HandedBack => "handed_back",
-            Self::LeaseLost => "lease_lost",
-            Self::Cancelled => "cancelled",
-            Self::Alerted => "alerted",
-            Self::Expired => "expired",
-        }
-    }
-}
-
-impl Counters {
-    /// Counts `n` of `which` where the kind is not known (a lost lease): the stats, and the
-    /// `redrive_jobs_total` metric with an empty kind.
-    fn add(&self, which: Count, n: u64) {
-        self.add_for(which, "", n);
-    }
-
-    /// Counts `n` of `which` for jobs of `kind`: the stats, and the `redrive_jobs_total`
-    /// metric (labels: kind and outcome; never a key or a payload value).
-    fn add_for(&self, which: Count, kind: &str, n: u64) {
-        self.0[which as usize].fetch_add(n, Ordering::Relaxed);
-        metrics::counter!("redrive_jobs_total", "kind" => kind.to_owned(), "outcome" => which.name()).increment(n);
-    }
-
-    fn snapshot(&self) -> WorkerStats {
-        let get = |c: Count| self.0[c as usize].load(Ordering::Relaxed);
-        WorkerStats {
-            claimed: get(Count::Claimed),
-            succeeded: get(Count::Succeeded),
-            skipped: get(Count::Skipped),
-            deferred: get(Count::Deferred),
-            retried: get(Count::Retried),
-            dead_lettered: get(Count::DeadLettered),
-            released: get(Count::Released),
-            handed_back: get(Count::HandedBack),
-            lease_lost: get(Count::LeaseLost),
-            cancelled: get(Count::Cancelled),
-            alerted: get(Count::Alerted),
-            expired: get(Count::Expired),
-        }
-    }
-}
-
-/// A handler's result for one attempt.
-pub type HandlerResult = Result<Value, JobError>;
-
-/// A handler for jobs of type `J`: any `Fn(J, JobContext) -> impl Future<Output =
-/// Result<T, JobError>>` where `T: Serialize` (stored in the ledger as the effect's result).
-pub trait Handler<J>: Send + Sync + 'static {
-    /// Runs one attempt.
-    fn call(&self, job: J, ctx: JobContext) -> BoxFuture<'static, HandlerResult>;
-}
-
-impl<J, F, Fut, T> Handler<J> for F
-where
-    J: Job,
-    F: Fn(J, JobContext) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<T, JobError>> + Send + 'static,
-    T: Serialize,
-{
-    fn call(&self, job: J, ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
-        let fut = self(job, ctx);
-        Box::pin(async move {
-            let value = fut.await?;
-            Ok(serde_json::to_value(value).unwrap_or(Value::Null))
-        })
-    }
-}
-
-/// A handler with its job type erased: decodes the payload, then runs.
-trait Erased: Send + Sync {
-    fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String>;
-}
-
-struct Typed<J, H>(H, std::marker::PhantomData<fn() -> J>);
-
-impl<J: Job, H: Handler<J>> Erased for Typed<J, H> {
-    fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String> {
-        // The message names the field and the expected type, never the value: it is logged,
-        // stored as the record's last error and alerted.
-        // A decoder is code too (a custom `Deserialize`): its panic is an undecodable payload,
-        // recorded at once, not a task that dies and leaves the job to wait out its lease.
-        let job = match std::panic::catch_unwind(AssertUnwindSafe(|| crate::decode::payload::<J>(payload))) {
-            Ok(decoded) => decoded?,
-            Err(panic) => {
-                return Err(match panic_message(panic.as_ref()) {
-                    Some(message) => format!("the decoder panicked: {message}"),
-                    None => "the decoder panicked".to_owned(),
-                });
-            }
-        };
-        // A handler runs code before it returns its future (a closure's body up to `async`). A
-        // panic there must end this attempt like one inside the future, not the worker's task:
-        // otherwise nothing settles the job and it waits out its lease, its panic message lost.
-        match std::panic::catch_unwind(AssertUnwindSafe(|| self.0.call(job, ctx))) {
-            Ok(run) => Ok(run),
-            Err(panic) => Ok(Box::pin(std::future::ready(Err(panicked(panic))))),
-        }
-    }
-}
-
-/// A failed attempt for a handler that panicked, keeping the panic's message (the handler
-/// author's words) when it is a string, as `panic!` and `expect` make it.
-fn panicked(panic: Box<dyn std::any::Any + Send>) -> JobError {
-    match panic_message(panic.as_ref()) {
-        Some(message) => JobError::retry(format!("the handler panicked: {message}")),
-        None => JobError::retry("the handler panicked"),
-    }
-}
-
-/// A panic's message, when it is a string (as `panic!` and `expect` make it).
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> Option<&str> {
-    panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str))
 }
 
 /// Builds a [`Worker`]: the queue to claim from, the ledger, the handlers, the alert sinks.
@@ -430,7 +271,6 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
             self.alerts.push(Arc::new(TracingAlerts));
         }
         let config = self.set.apply(self.config);
-        let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
         let caps = self.queue.capabilities();
         // Without renewal a claimed job cannot move to a longer lease: claim it on the full one.
         let claim_lease =
@@ -439,24 +279,15 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
         kinds.sort();
         Worker {
             shared: Arc::new(Shared {
+                claiming: Claiming::new(Kinds::Only(kinds), config.concurrency),
+                attempts: Attempts::new(self.handlers, &config, claim_lease),
+                alerting: Alerting::new(self.alerts),
                 queue: self.queue,
                 ledger: self.ledger,
-                policy: RetryPolicy { backoff: config.backoff },
                 claim_lease,
-                kinds: Kinds::Only(kinds),
                 caps,
                 config,
-                handlers: self.handlers,
-                alerts: self.alerts,
                 counters: Counters::default(),
-                pace: claiming::Pace::default(),
-                infra: claiming::Infra::default(),
-                unsettled: AtomicUsize::new(0),
-                buffered: AtomicUsize::new(0),
-                taken: Notify::new(),
-                handed_off: Notify::new(),
-                slots,
-                abandon: CancellationToken::new(),
             }),
         }
     }
@@ -468,6 +299,8 @@ pub struct Worker<Q, L> {
     shared: Arc<Shared<Q, L>>,
 }
 
+/// What the worker's tasks share: the queue, the ledger, the configuration and the counters, and
+/// the parts that own claiming, attempts and alerts (each with its own state, in its own file).
 struct Shared<Q, L> {
     queue: Q,
     ledger: L,
@@ -475,31 +308,11 @@ struct Shared<Q, L> {
     /// The lease jobs are claimed with: `config.claim_lease`, or the full lease where the queue
     /// cannot renew.
     claim_lease: Duration,
-    /// The kinds this worker has handlers for: the only ones it claims.
-    kinds: Kinds,
     caps: Capabilities,
-    policy: RetryPolicy,
-    handlers: HashMap<String, Arc<dyn Erased>>,
-    alerts: Vec<Arc<dyn AlertSink>>,
     counters: Counters,
-    pace: claiming::Pace,
-    /// Backs off claims while the effect ledger is unreachable.
-    infra: claiming::Infra,
-    /// Settlements being tried again after a temporary failure. Claims wait while there are any:
-    /// a claim also sweeps expired leases back to the queue (Postgres), and a job whose completion
-    /// is still on its way must not be taken again before it lands.
-    unsettled: AtomicUsize,
-    /// Claimed jobs waiting for a handler, and a signal each time one is taken or a handler
-    /// finishes (either makes room for a claim).
-    buffered: AtomicUsize,
-    taken: Notify,
-    /// A job handed to a service that writes its record later (QStash): the sweep looks soon.
-    handed_off: Notify,
-    /// A permit per handler running.
-    slots: Arc<Semaphore>,
-    /// Cancelled when shutdown's grace ends: running handlers are released, and settlements
-    /// failing for a temporary reason are not tried again.
-    abandon: CancellationToken,
+    claiming: Claiming,
+    attempts: Attempts,
+    alerting: Alerting,
 }
 
 impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> Worker<Q, L> {
@@ -523,7 +336,7 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> Worker<Q, L> {
     /// Spawns the worker on the current Tokio runtime.
     pub fn start(self) -> RunningWorker {
         let stop = CancellationToken::new();
-        let abandon = self.shared.abandon.clone();
+        let abandon = self.shared.attempts.abandon().clone();
         let tracker = TaskTracker::new();
         let shared = Arc::clone(&self.shared);
         let counters: Arc<dyn Fn() -> WorkerStats + Send + Sync> = Arc::new(move || shared.counters.snapshot());

@@ -3,13 +3,16 @@ use std::sync::Mutex;
 
 use tokio::time::Instant;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use serde_json::json;
 
 use super::*;
+use crate::alert::BoxFuture;
 use crate::backend::{DeadLetter, Enqueue, EnqueueExt, FailureQuery, Ledger};
 use crate::error::Error;
 use crate::job::NewJob;
+use crate::job::{JobContext, JobError};
 use crate::key::{IdempotencyKey, KeyBuilder};
 use crate::memory::MemoryBackend;
 
