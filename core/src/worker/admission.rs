@@ -7,9 +7,9 @@
 //! A new rule (a paused kind, a rate limit, an open breaker, a concurrency slot per kind) is a
 //! fact in [`Facts`], a check in [`admit`] at its place in the order (most "not now" rules
 //! belong before the key's hold is taken: waiting then costs the ledger nothing), a reason in
-//! [`Deferral`] when it puts the job back, and a row in the table. The mechanics then count and
-//! log it by its reason; a new kind of answer is a variant of [`Admission`] and one arm where it
-//! is carried out (`Attempts::admitted`).
+//! [`Deferral`] when it puts the job back, and a row in the table; the mechanics then count,
+//! log and settle it by its reason (`defer` in `attempt.rs`). A new kind of answer is a variant
+//! of [`Admission`] and one arm of the match in `process` (`attempt.rs`) that carries it out.
 
 use std::time::Duration;
 
@@ -173,6 +173,8 @@ pub(super) fn admit(facts: &Facts<'_>, rules: &Rules) -> Admission {
     if facts.deadline.is_some_and(|deadline| deadline < facts.now) {
         return Admission::Complete(Unrun::Expired);
     }
+    // Flow-control rules (a paused kind, a rate limit, an open breaker) belong here: after what
+    // the job itself says, before the key's hold, so a job that waits costs the ledger nothing.
     let earlier_attempt_pending = match &facts.key {
         None => return Admission::TakeHold,
         Some(KeyState::Done) => return Admission::Complete(Unrun::AlreadyDone),

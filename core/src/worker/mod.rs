@@ -1,18 +1,18 @@
 //! The worker: one for every backend. Claim → admit → handler → settle, and an alert for every
-//! failure record. Its decisions are pure functions apart from the mechanics that carry them
-//! out: admission (`admission.rs`) and the retry policy ([`RetryPolicy`](crate::RetryPolicy)).
+//! failure record. What to do is decided by pure functions, apart from the mechanics that carry
+//! it out: admission (whether a claimed job runs now) and the retry policy
+//! ([`RetryPolicy`](crate::RetryPolicy), what follows a run).
 //!
 //! - `mod.rs`: configuration, the builder, start and shutdown, and what the parts share;
-//! - `claiming.rs` ([`Claiming`](claiming::Claiming)): the claimers, the pace of claims and the
-//!   dispatcher;
+//! - `claiming.rs` (`Claiming`): the claimers, the pace of claims and the dispatcher;
 //! - `admission.rs`: whether a claimed job runs now (run, defer, complete unrun, dead-letter,
 //!   release), table-tested;
-//! - `attempt.rs` ([`Attempts`](attempt::Attempts)): one job's attempt, carrying admission and
-//!   the retry decision out;
-//! - `hold.rs`: keeping the key's hold alive, one path per [`HoldMode`](hold::HoldMode);
+//! - `attempt.rs` (`Attempts`): one job's attempt, carrying admission and the retry decision out;
+//! - `hold.rs`: the key's hold, kept alive one path per `HoldMode` (the job's lease, or a hold
+//!   in the ledger);
 //! - `settle.rs`: settlements, tried again while they fail for a temporary reason;
-//! - `alerts.rs` ([`Alerting`](alerts::Alerting)): alerts delivered at least once per record,
-//!   deduplicated through the ledger;
+//! - `alerts.rs` (`Alerting`): alerts delivered at least once per record, deduplicated through
+//!   the ledger;
 //! - `handler.rs`, `stats.rs`: the handler API and the counters.
 
 mod admission;
