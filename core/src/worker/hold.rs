@@ -32,6 +32,13 @@ pub(super) enum HoldMode {
     Ledger,
 }
 
+impl HoldMode {
+    /// The mode of a hold as the ledger (or the claim) gave it.
+    fn of(hold: &Hold) -> Self {
+        if hold.lease.is_some() { Self::Lease } else { Self::Ledger }
+    }
+}
+
 /// The key's hold, and how it is kept.
 pub(super) struct Held {
     pub(super) hold: Hold,
@@ -63,7 +70,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             Err(e) => return KeyState::Unreachable { failures: self.claiming.ledger_failed(), error: e.to_string() },
         };
         self.claiming.ledger_ok();
-        let mode = if hold.lease.is_some() { HoldMode::Lease } else { HoldMode::Ledger };
+        let mode = HoldMode::of(&hold);
         attempt.hold_until(match mode {
             // Held since the claim, for the claim lease, until the job moves to its full lease.
             HoldMode::Lease => claimed_at + self.claim_lease,
