@@ -1,7 +1,25 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+//! # Why `webhook` is a feature here, off by default
+//!
+//! Core's Slack-compatible webhook sink (`WebhookAlerts`) posts with reqwest over rustls, whose
+//! crypto is aws-lc-rs: a C library built from source, most of a first build's time. The facade
+//! depends on core without its default features and offers `webhook` as its own, so that
+//! `cargo run --example quickstart`, and an application that alerts another way, build without
+//! it. Turn it on (`features = ["webhook"]`) for `WebhookAlerts`. A backend feature may bring
+//! it along anyway (its SDK's TLS is the same stack).
+
 pub use redrive_core::*;
+
+/// A backend named by a URL at run time (`postgres://`, `sqlite://`, `sqs://`, `azure://`,
+/// `qstash://`), each scheme behind its feature: the registry the command and the dashboard use.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "sqs", feature = "azure", feature = "qstash"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "sqs", feature = "azure", feature = "qstash")))
+)]
+pub mod any;
 
 /// PostgreSQL: jobs and failed_jobs tables, `FOR UPDATE SKIP LOCKED` claims, the effect ledger.
 #[cfg(feature = "postgres")]
