@@ -12,8 +12,7 @@
 
 pub use redrive_core::*;
 
-/// A backend named by a URL at run time (`postgres://`, `sqlite://`, `sqs://`, `azure://`,
-/// `qstash://`), each scheme behind its feature: the registry the command and the dashboard use.
+// The registry of backends by URL (its docs are the module's own).
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "sqs", feature = "azure", feature = "qstash"))]
 #[cfg_attr(
     docsrs,
