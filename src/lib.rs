@@ -4,11 +4,13 @@
 //! # Why `webhook` is a feature here, off by default
 //!
 //! Core's Slack-compatible webhook sink (`WebhookAlerts`) posts with reqwest over rustls, whose
-//! crypto is aws-lc-rs: a C library built from source, most of a first build's time. The facade
+//! crypto is aws-lc-rs: a C library compiled from source on a first build. The facade
 //! depends on core without its default features and offers `webhook` as its own, so that
 //! `cargo run --example quickstart`, and an application that alerts another way, build without
 //! it. Turn it on (`features = ["webhook"]`) for `WebhookAlerts`. A backend feature may bring
-//! it along anyway (its SDK's TLS is the same stack).
+//! it along anyway (its SDK's TLS is the same stack). Measured on a fresh clone with an empty
+//! cargo home (2 cores, nothing else building): the quickstart built 69 crates in 21 s; with
+//! core's defaults and the backends' examples' dependencies beside it, 172 crates in 56 s.
 
 pub use redrive_core::*;
 
