@@ -1,7 +1,7 @@
 //! The four checks of reliable jobs on Azure Queue Storage (here Azurite), with the effect ledger
 //! in PostgreSQL as an application keeps it, and the failure record read back from there.
 //!
-//! Run: `eval "$(scripts/services env)" && cargo run --example azure --features azure,postgres`
+//! Run: `eval "$(scripts/services env)" && cargo run -p redrive-examples --example azure --features azure`
 //! (`AZURE_STORAGE_CONNECTION_STRING` names the account; without it, Azurite's development one).
 
 #[path = "broker/mod.rs"]

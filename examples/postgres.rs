@@ -1,6 +1,7 @@
 //! The four checks of reliable jobs on PostgreSQL, with the rows that prove them.
 //!
-//! Run: `DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run --example postgres --features postgres`
+//! Run: `DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run -p redrive-examples --example postgres
+//! --features postgres`
 //! (it uses, and first empties, the schema `redrive_example`).
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,7 +2,7 @@
 //! on loopback: QStash pushes each job to the receiver below, which verifies its signature and
 //! hands it to the worker. The effect ledger and the failure records are in PostgreSQL.
 //!
-//! Run: `eval "$(scripts/services env)" && cargo run --example qstash --features qstash,postgres`
+//! Run: `eval "$(scripts/services env)" && cargo run -p redrive-examples --example qstash --features qstash`
 //! (for the real QStash, give `QStashConfig::new` your token and your public https URL, and
 //! drop `with_api_url` and `allow_plain_http`).
 

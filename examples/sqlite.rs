@@ -2,7 +2,7 @@
 //! restarts. Kill it mid-run (`kill -9`) and run it again: it goes on where it stopped, and every
 //! job is done once.
 //!
-//! Run: `cargo run --example sqlite --features sqlite -- [PATH] [JOBS]` (default: a file in the
+//! Run: `cargo run -p redrive-examples --example sqlite --features sqlite -- [PATH] [JOBS]` (default: a file in the
 //! temporary directory, 200 jobs).
 
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The four checks of reliable jobs on Amazon SQS (here moto's server), with the effect ledger
 //! in PostgreSQL as an application keeps it, and the failure record read back from there.
 //!
-//! Run: `eval "$(scripts/services env)" && cargo run --example sqs --features sqs,postgres`
+//! Run: `eval "$(scripts/services env)" && cargo run -p redrive-examples --example sqs --features sqs`
 
 #[path = "broker/mod.rs"]
 mod broker;

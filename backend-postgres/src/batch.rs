@@ -16,7 +16,7 @@ use sqlx::{PgPool, Row};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
-use crate::error::{db, is_connection_loss};
+use crate::error::{db_shared, is_connection_loss};
 use crate::sql::{Queries, q};
 
 struct Request {
@@ -116,13 +116,49 @@ async fn flush(pool: &PgPool, sql: &Queries, batch: Vec<Request>) {
                 let _ = r.reply.send(Ok(done.contains(&(r.id, r.token))));
             }
         }
-        Err(e) => {
-            // The batch's error, its retry flag kept (a deadlock or a serialization failure is
-            // temporary, and the worker tries the completion again; a broken statement is not).
-            let e = db(e, "complete");
-            for r in batch {
-                let each = Error::new(e.kind(), e.to_string()).with_retry(e.retry());
-                let _ = r.reply.send(Err(each));
+        Err(e) => fail(batch, e),
+    }
+}
+
+/// Answers every call of a batch whose statement failed with the statement's error: its kind,
+/// retry flag (a deadlock or a serialization failure is temporary, and the worker tries the
+/// completion again; a broken statement is not) and source, shared rather than re-made.
+fn fail(batch: Vec<Request>, e: sqlx::Error) {
+    let e = Arc::new(e);
+    for r in batch {
+        let _ = r.reply.send(Err(db_shared(&e, "complete")));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use redrive_core::{ErrorKind, Retry};
+
+    use super::*;
+
+    /// A call waiting on the batch, and where its answer arrives.
+    fn call(id: i64) -> (Request, oneshot::Receiver<Result<bool>>) {
+        let (reply, answer) = oneshot::channel();
+        (Request { id, token: Uuid::new_v4(), result: None, reply }, answer)
+    }
+
+    #[test]
+    fn each_call_of_a_failed_batch_gets_the_statements_kind_retry_and_source() {
+        let cases = [
+            (sqlx::Error::Protocol("connection reset mid-statement".into()), ErrorKind::Backend, Retry::Temporary),
+            (sqlx::Error::Decode("a column that does not decode".into()), ErrorKind::Decode, Retry::Permanent),
+        ];
+        for (error, kind, retry) in cases {
+            let source = error.to_string();
+            let ((first, a), (second, b)) = (call(1), call(2));
+            fail(vec![first, second], error);
+            for mut answer in [a, b] {
+                let e = answer.try_recv().expect("answered").expect_err("the batch failed");
+                assert_eq!((e.kind(), e.retry()), (kind, retry), "{e}");
+                assert_eq!(e.message(), "postgres: complete");
+                assert_eq!(e.source().map(|s| s.to_string()), Some(source.clone()));
             }
         }
     }

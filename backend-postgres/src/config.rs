@@ -3,6 +3,11 @@
 use std::time::Duration;
 
 use redrive_core::{Error, ErrorKind, Result};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::PgBackend;
+use crate::error::db;
+use crate::sql::{check_schema, migrator};
 
 /// The Postgres backend's configuration. `PgConfig::from_env()` reads `DATABASE_URL` and,
 /// optionally, `REDRIVE_PG_SCHEMA`.
@@ -112,5 +117,36 @@ impl PgConfig {
     pub fn with_listen(mut self, listen: bool) -> Self {
         self.listen = listen;
         self
+    }
+}
+
+/// Connections a pool opens when it is created: one per default claimer, and one for completions.
+const WARM_CONNECTIONS: u32 = 5;
+
+impl PgBackend {
+    /// Connects a pool with `config`. Run [`migrate`](Self::migrate) once before use.
+    pub async fn connect(config: PgConfig) -> Result<Self> {
+        check_schema(&config.schema)?;
+        let options: PgConnectOptions = config
+            .url
+            .parse()
+            .map_err(|_| Error::new(ErrorKind::Config, "the Postgres connection URL does not parse"))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            // Opened up front: a worker's first claims and completions should not wait for them.
+            .min_connections(config.max_connections.min(WARM_CONNECTIONS))
+            .connect_with(options.application_name(&config.application_name))
+            .await
+            .map_err(|e| db(e, "connect to Postgres"))?;
+        Self::from_pool(pool, config)
+    }
+
+    /// Creates the schema and its tables, or brings them up to date. Safe to run from many
+    /// processes at once (it takes an advisory lock).
+    pub async fn migrate(&self) -> Result<()> {
+        migrator(self.schema())
+            .run(self.pool())
+            .await
+            .map_err(|e| Error::new(ErrorKind::Backend, "migration failed").with_source(e))
     }
 }

@@ -1,12 +1,25 @@
 //! sqlx errors mapped onto redrive's error kinds, in one place.
 
+use std::sync::Arc;
+
 use redrive_core::{Error, ErrorKind, Retry};
 
 /// Maps a sqlx error from `what` to a redrive error: connection and contention failures are
 /// temporary, constraint and data errors permanent. The message names the operation, never the
 /// connection string or the bound values.
 pub(crate) fn db(e: sqlx::Error, what: &str) -> Error {
-    let retry = match &e {
+    classified(&e, what).with_source(e)
+}
+
+/// [`db`] for an error that several callers get (a batch's statement failing for every call in
+/// it): each gets the same kind, retry flag and message, with the one source shared.
+pub(crate) fn db_shared(e: &Arc<sqlx::Error>, what: &str) -> Error {
+    classified(e, what).with_source(Arc::clone(e))
+}
+
+/// The error `e` maps to, without its source.
+fn classified(e: &sqlx::Error, what: &str) -> Error {
+    let retry = match e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Protocol(_) => {
             Retry::Temporary
         }
@@ -19,11 +32,11 @@ pub(crate) fn db(e: sqlx::Error, what: &str) -> Error {
         sqlx::Error::WorkerCrashed | sqlx::Error::Tls(_) => Retry::Temporary,
         _ => Retry::Permanent,
     };
-    let kind = match &e {
+    let kind = match e {
         sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => ErrorKind::Decode,
         _ => ErrorKind::Backend,
     };
-    Error::new(kind, format!("postgres: {what}")).with_retry(retry).with_source(e)
+    Error::new(kind, format!("postgres: {what}")).with_retry(retry)
 }
 
 /// Whether a failed statement may have failed only because its connection did.

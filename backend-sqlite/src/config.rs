@@ -3,7 +3,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use redrive_core::{Error, ErrorKind, Result};
 pub use sqlx::sqlite::SqliteSynchronous;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+
+use crate::SqliteBackend;
+use crate::error::db;
+use crate::sql;
 
 /// The SQLite backend's configuration: a file (created if missing), or an in-memory database for
 /// tests.
@@ -69,5 +75,46 @@ impl SqliteConfig {
     pub fn with_poll(mut self, poll: Duration) -> Self {
         self.poll = poll;
         self
+    }
+}
+
+impl SqliteBackend {
+    /// Opens (or creates) the database and brings its tables up to date. A file that is not a
+    /// SQLite database, or that another process holds locked past the busy timeout, is a clear
+    /// error here rather than at the first job.
+    pub async fn open(config: SqliteConfig) -> Result<Self> {
+        let base = match &config.path {
+            Some(path) => {
+                SqliteConnectOptions::new().filename(path).create_if_missing(true).journal_mode(SqliteJournalMode::Wal)
+            }
+            None => SqliteConnectOptions::new().in_memory(true),
+        };
+        let base = base.busy_timeout(config.busy_timeout).synchronous(config.synchronous).foreign_keys(true);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            // Writes queue for the one connection; a long queue is not an error.
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(base.clone())
+            .await
+            .map_err(|e| db(e, "open the database"))?;
+        let reader = match config.path {
+            Some(_) => SqlitePoolOptions::new()
+                .max_connections(config.readers.max(1))
+                .connect_with(base.read_only(true))
+                .await
+                .map_err(|e| db(e, "open the database for reading"))?,
+            None => writer.clone(),
+        };
+        let backend = Self::from_pools(writer, reader, config);
+        backend.migrate().await?;
+        Ok(backend)
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        sql::migrator().run(self.pool()).await.map_err(|e| match e {
+            sqlx::migrate::MigrateError::Execute(e) => db(e, "migrate"),
+            e => Error::new(ErrorKind::Backend, "sqlite: migration failed").with_source(e),
+        })
     }
 }

@@ -21,9 +21,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use redrive_core::{DeadLetter, ErrorKind, FailureId, FailureQuery, QueueStats, Replay, ReplayOutcome, Severity};
-
-use crate::backends::Target;
+use redrive::any::AnyBackend;
+use redrive::{DeadLetter, ErrorKind, FailureId, FailureQuery, QueueStats, Replay, ReplayOutcome, Severity};
 
 /// Read, replay, discard and purge failure records on any redrive backend.
 #[derive(Debug, Parser)]
@@ -243,8 +242,8 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: &Cli) -> redrive_core::Result<Done> {
-    let target = Target::connect(cli).await?;
+async fn run(cli: &Cli) -> redrive::Result<Done> {
+    let target = backends::connect(cli).await?;
     if let Command::Serve { bind, token, public_url, trust_forwarded_proto } = &cli.command {
         serve(target, *bind, token.clone(), public_url.as_deref(), *trust_forwarded_proto).await?;
         return Ok(Done::Done);
@@ -252,7 +251,7 @@ async fn run(cli: &Cli) -> redrive_core::Result<Done> {
     let out = output::Output { json: cli.json };
     match &cli.command {
         Command::Failed { command: Failed::List(filter) } => {
-            let records = target.list_of(&filter.query(), filter.severity.map(Level::severity)).await?;
+            let records = backends::list_of(&target, &filter.query(), filter.severity.map(Level::severity)).await?;
             out.records(&records);
             Ok(if records.is_empty() { Done::NothingMatched } else { Done::Done })
         }
@@ -285,17 +284,17 @@ async fn run(cli: &Cli) -> redrive_core::Result<Done> {
 
 /// The dashboard until SIGTERM or SIGINT, its requests logged to stderr (`RUST_LOG` to change).
 async fn serve(
-    target: Target,
+    target: AnyBackend,
     bind: std::net::SocketAddr,
     token: Option<String>,
     public_url: Option<&str>,
     trust_forwarded_proto: bool,
-) -> redrive_core::Result<()> {
+) -> redrive::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
-        .map_err(|e| redrive_core::Error::new(ErrorKind::Config, "cannot record metrics").with_source(e))?;
+        .map_err(|e| redrive::Error::new(ErrorKind::Config, "cannot record metrics").with_source(e))?;
     let mut dashboard = redrive_dashboard::Dashboard::new(target).with_metrics(metrics);
     if let Some(token) = token {
         dashboard = dashboard.with_token(token)?;
@@ -308,12 +307,12 @@ async fn serve(
     }
     let listener = tokio::net::TcpListener::bind(bind)
         .await
-        .map_err(|e| redrive_core::Error::new(ErrorKind::Config, format!("cannot listen on {bind}")).with_source(e))?;
+        .map_err(|e| redrive::Error::new(ErrorKind::Config, format!("cannot listen on {bind}")).with_source(e))?;
     eprintln!("redrive: the dashboard is on http://{}", listener.local_addr().unwrap_or(bind));
-    dashboard.serve(listener, redrive_core::stop_signal()).await
+    dashboard.serve(listener, redrive::stop_signal()).await
 }
 
-async fn replay(target: &Target, out: &output::Output, args: &ReplayArgs) -> redrive_core::Result<Done> {
+async fn replay(target: &AnyBackend, out: &output::Output, args: &ReplayArgs) -> redrive::Result<Done> {
     let by = args.by.as_deref().unwrap_or_default();
     if let Some(id) = &args.id {
         let outcome = target.replay(&FailureId(id.clone()), &args.reason, by).await?;
@@ -322,14 +321,14 @@ async fn replay(target: &Target, out: &output::Output, args: &ReplayArgs) -> red
     }
     if !args.all && args.kind.is_none() && args.severity.is_none() && args.older_than.is_none() {
         // A forgotten id or filter must not put every failure back on the queue.
-        return Err(redrive_core::Error::new(
+        return Err(redrive::Error::new(
             ErrorKind::InvalidInput,
             "no record id and no filter: give an id, a filter (--kind, --severity, --older-than), \
              or --all to replay every open record",
         ));
     }
     if !args.dry_run {
-        redrive_core::require_audit("a replay's actor (--by)", by)?;
+        redrive::require_audit("a replay's actor (--by)", by)?;
     }
     let filter = Filter {
         kind: args.kind.clone(),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use redrive_core::{Counts, FailureRecord, RecordState, ReplayOutcome};
+use redrive::{Counts, FailureRecord, RecordState, ReplayOutcome};
 use serde_json::json;
 
 pub(crate) struct Output {

@@ -39,6 +39,7 @@
 
 mod auth;
 mod bulk;
+mod filter;
 mod pages;
 mod views;
 

@@ -18,6 +18,7 @@ use redrive_core::{ErrorKind, FailureId, FailureQuery, FailureRecord, RecordStat
 use serde::Deserialize;
 
 use crate::auth::{Client, SignIn, csrf_refusal};
+use crate::filter::Filter;
 use crate::views::{self, Frame};
 use crate::{App, Csrf, Records};
 
@@ -75,98 +76,6 @@ fn failed(e: redrive_core::Error) -> Response {
         _ => StatusCode::BAD_GATEWAY,
     };
     problem(status, e.to_string())
-}
-
-/// A list's filters, as the pages' links and forms send them. Empty fields mean "any".
-#[derive(Debug, Clone, Default, Deserialize)]
-pub(crate) struct Filter {
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    severity: String,
-    /// `open` (the default), `closed` or `all`.
-    #[serde(default)]
-    state: String,
-    /// An age: `2h`, `7d`.
-    #[serde(default)]
-    older_than: String,
-    #[serde(default)]
-    after: String,
-    /// Only records whose last failure is before this instant (milliseconds since the epoch):
-    /// a bulk replay's confirmation fixes `older_than` to it. Wins over `older_than`.
-    #[serde(default)]
-    before: String,
-}
-
-impl Filter {
-    fn severity(&self) -> Result<Option<Severity>, String> {
-        match self.severity.as_str() {
-            "" => Ok(None),
-            name => Severity::from_name(name)
-                .map(Some)
-                .ok_or_else(|| format!("no severity {name:?}: warning, error or critical")),
-        }
-    }
-
-    fn query(&self, limit: usize) -> Result<FailureQuery, String> {
-        let open = match self.state.as_str() {
-            "" | "open" => Some(true),
-            "closed" => Some(false),
-            "all" => None,
-            other => return Err(format!("no state {other:?}: open, closed or all")),
-        };
-        let failed_before = match self.older_than.trim() {
-            _ if !self.before.is_empty() => {
-                let at = self.before.parse().ok().and_then(DateTime::<Utc>::from_timestamp_millis);
-                Some(at.ok_or_else(|| format!("the instant {:?} is not milliseconds since the epoch", self.before))?)
-            }
-            "" => None,
-            age => {
-                let age = humantime::parse_duration(age).map_err(|e| format!("the age {age:?}: {e}"))?;
-                Some(Utc::now() - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX))
-            }
-        };
-        Ok(FailureQuery {
-            kind: (!self.kind.is_empty()).then(|| self.kind.clone()),
-            open,
-            failed_before,
-            after: (!self.after.is_empty()).then(|| FailureId(self.after.clone())),
-            limit,
-            ..FailureQuery::default()
-        })
-    }
-
-    /// The filter in words, for a heading.
-    fn describe(&self) -> String {
-        let state = match self.state.as_str() {
-            "" | "open" => "open",
-            "closed" => "closed",
-            _ => "all",
-        };
-        let mut text = format!("{state} records");
-        if !self.kind.is_empty() {
-            text += &format!(" of kind {}", self.kind);
-        }
-        if !self.severity.is_empty() {
-            text += &format!(", severity {}", self.severity);
-        }
-        if !self.older_than.is_empty() {
-            text += &format!(", last failed over {} ago", self.older_than.trim());
-        }
-        text
-    }
-
-    fn query_string(&self, after: Option<&str>) -> String {
-        let mut pairs = vec![("kind", self.kind.as_str()), ("severity", &self.severity), ("state", &self.state)];
-        pairs.push(("older_than", &self.older_than));
-        pairs.push(("after", after.unwrap_or_default()));
-        pairs
-            .into_iter()
-            .filter(|(_, v)| !v.is_empty())
-            .map(|(k, v)| format!("{k}={}", encode(v)))
-            .collect::<Vec<_>>()
-            .join("&")
-    }
 }
 
 /// Every record matching `filter` (its severity applied here: the stores do not index it), up

@@ -2,32 +2,31 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive_core::{
-    Backend, Begin, Capabilities, Claim, Claimed, Counts, Dedupe, Enqueue, Enqueued, Error, ErrorKind, FailureRecord,
-    Hold, IdempotencyKey, JobId, JobRecord, Kinds, Lease, NewJob, ProviderKey, QueueStats, Renew, Result, Severity,
+    Backend, Capabilities, Counts, Dedupe, Enqueue, Enqueued, Error, ErrorKind, IdempotencyKey, JobId, NewJob,
+    ProviderKey, QueueStats, Result,
 };
 use serde_json::Value;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 use tokio::sync::{Notify, OnceCell};
-use tracing::{debug, warn};
+use tracing::debug;
 use uuid::Uuid;
 
 mod broker_records;
+mod claim;
+mod dead_letters;
 mod ledger;
-mod records;
 mod scan_floor;
 
-use self::records::record_from;
-use self::scan_floor::{Position, ScanFloor};
+use self::scan_floor::ScanFloor;
 use crate::batch::Completer;
 use crate::config::PgConfig;
 use crate::error::db;
-use crate::sql::{Queries, check_schema, migrator, q};
+use crate::sql::{Queries, check_schema, q};
 
 /// redrive on PostgreSQL: the queue (`jobs`), the failure records (`failed_jobs`) and the effect
 /// ledger, in one schema. Clones share one pool.
@@ -53,9 +52,6 @@ struct Inner {
     claim_by_limit: Mutex<HashMap<usize, Arc<str>>>,
 }
 
-/// Claim statements kept, one per batch size (see `claim.sql`).
-const MAX_CLAIM_STATEMENTS: usize = 16;
-
 /// What [`PgBackend::effect_once`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EffectOnce {
@@ -71,27 +67,7 @@ impl std::fmt::Debug for PgBackend {
     }
 }
 
-/// Connections a pool opens when it is created: one per default claimer, and one for completions.
-const WARM_CONNECTIONS: u32 = 5;
-
 impl PgBackend {
-    /// Connects a pool with `config`. Run [`migrate`](Self::migrate) once before use.
-    pub async fn connect(config: PgConfig) -> Result<Self> {
-        check_schema(&config.schema)?;
-        let options: PgConnectOptions = config
-            .url
-            .parse()
-            .map_err(|_| Error::new(ErrorKind::Config, "the Postgres connection URL does not parse"))?;
-        let pool = PgPoolOptions::new()
-            .max_connections(config.max_connections)
-            // Opened up front: a worker's first claims and completions should not wait for them.
-            .min_connections(config.max_connections.min(WARM_CONNECTIONS))
-            .connect_with(options.application_name(&config.application_name))
-            .await
-            .map_err(|e| db(e, "connect to Postgres"))?;
-        Self::from_pool(pool, config)
-    }
-
     /// Uses an existing pool (the application's own); `config`'s URL and pool size are ignored.
     pub fn from_pool(pool: PgPool, config: PgConfig) -> Result<Self> {
         check_schema(&config.schema)?;
@@ -114,15 +90,6 @@ impl PgBackend {
                 claim_by_limit: Mutex::default(),
             }),
         })
-    }
-
-    /// Creates the schema and its tables, or brings them up to date. Safe to run from many
-    /// processes at once (it takes an advisory lock).
-    pub async fn migrate(&self) -> Result<()> {
-        migrator(&self.inner.schema)
-            .run(&self.inner.pool)
-            .await
-            .map_err(|e| Error::new(ErrorKind::Backend, "migration failed").with_source(e))
     }
 
     /// The pool, for the application's own queries and transactions.
@@ -265,131 +232,7 @@ impl PgBackend {
             }
         }
     }
-
-    async fn wake_signal(&self) -> Option<Arc<Notify>> {
-        if !self.inner.config.listen {
-            return None;
-        }
-        let notify = self
-            .inner
-            .wake
-            .get_or_init(|| async {
-                let notify = Arc::new(Notify::new());
-                tokio::spawn(listen(self.inner.pool.clone(), self.inner.channel.clone(), Arc::downgrade(&notify)));
-                notify
-            })
-            .await;
-        Some(Arc::clone(notify))
-    }
-
-    async fn sweep_if_due(&self) -> Result<()> {
-        let Ok(mut last) = self.inner.last_sweep.try_lock() else { return Ok(()) };
-        if last.elapsed() < self.inner.config.sweep_every {
-            return Ok(());
-        }
-        *last = tokio::time::Instant::now();
-        let swept = q(&self.inner.sql.sweep).fetch_all(&self.inner.pool).await.map_err(|e| db(e, "sweep"))?;
-        if !swept.is_empty() {
-            warn!(jobs = swept.len(), "returned jobs with expired leases to the queue");
-        }
-        Ok(())
-    }
-
-    async fn claim_once(&self, kinds: &Option<Vec<String>>, max: usize, lease: Duration) -> Result<Vec<Claimed>> {
-        let (floor, generation) = self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).read();
-        let mut rows = self.claim_after(kinds, max, lease, floor).await?;
-        let mut scanned_front = floor.is_none();
-        if rows.is_empty() && !scanned_front {
-            // Nothing above the floor: look behind it before saying the queue is empty.
-            rows = self.claim_after(kinds, max, lease, None).await?;
-            scanned_front = true;
-        }
-        let end = (rows.len() == max).then(|| rows.iter().map(|r| (r.get("ready_at"), r.get("id"))).max()).flatten();
-        self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).settle(generation, scanned_front, end);
-        rows.iter().map(claimed_from).collect()
-    }
-
-    async fn claim_after(
-        &self,
-        kinds: &Option<Vec<String>>,
-        max: usize,
-        lease: Duration,
-        floor: Option<Position>,
-    ) -> Result<Vec<PgRow>> {
-        let sql = {
-            let mut by_limit = self.inner.claim_by_limit.lock().unwrap_or_else(|p| p.into_inner());
-            match by_limit.get(&max) {
-                Some(sql) => Arc::clone(sql),
-                None => {
-                    let sql: Arc<str> = self.inner.sql.claim.replace("{limit}", &max.to_string()).into();
-                    // The worker asks for powers of two; a caller that asks for every size
-                    // does not grow this without bound.
-                    if by_limit.len() < MAX_CLAIM_STATEMENTS {
-                        by_limit.insert(max, Arc::clone(&sql));
-                    }
-                    sql
-                }
-            }
-        };
-        let _statement = self.inner.in_flight.acquire().await.map_err(|_| Error::temporary("the backend is closed"))?;
-        q(&sql)
-            .bind(lease.as_secs_f64())
-            .bind(floor.map(|(at, _)| at))
-            .bind(floor.map(|(_, id)| id))
-            .bind(kinds)
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "claim"))
-    }
-
-    async fn fenced(
-        &self,
-        sql: &Arc<str>,
-        lease: &Lease,
-        bind: impl FnOnce(FencedQuery) -> FencedQuery,
-        what: &str,
-    ) -> Result<()> {
-        let (id, token) = parse_lease(lease)?;
-        let query = bind(q(sql).bind(id).bind(token));
-        let row = query.fetch_optional(&self.inner.pool).await.map_err(|e| db(e, what))?;
-        row.map(|_| ()).ok_or_else(|| lease_lost(lease))
-    }
 }
-
-type FencedQuery = sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments>;
-
-/// Forwards NOTIFYs on `channel` to the claimers; ends when the backend is gone.
-async fn listen(pool: PgPool, channel: String, wake: Weak<Notify>) {
-    let mut listener = loop {
-        match PgListener::connect_with(&pool).await {
-            Ok(mut l) => match l.listen(&channel).await {
-                Ok(()) => break l,
-                Err(e) => warn!(error = %e, "LISTEN failed; polling until it works"),
-            },
-            Err(e) => warn!(error = %e, "no LISTEN connection; polling until there is one"),
-        }
-        if wake.strong_count() == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
-    loop {
-        let next = tokio::time::timeout(Duration::from_secs(30), listener.recv()).await;
-        let Some(wake) = wake.upgrade() else { return };
-        match next {
-            Ok(Ok(_)) => wake.notify_waiters(),
-            Ok(Err(e)) => {
-                // PgListener reconnects on the next recv; a notification lost meanwhile is
-                // covered by polling. Wake everyone in case one was.
-                warn!(error = %e, "LISTEN connection lost; reconnecting");
-                wake.notify_waiters();
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(_) => {}
-        }
-    }
-}
-
 /// Refuses, before anything is written, a payload over `limit` bytes or one that `jsonb` cannot
 /// hold: a NUL character (`\u0000`) anywhere in a string or a member's name. Refused with
 /// [`ErrorKind::InvalidPayload`] rather than changed, so that the handler gets what was sent.
@@ -416,50 +259,8 @@ fn key_conflict(key: &IdempotencyKey, id: &JobId) -> Error {
     Error::new(ErrorKind::KeyConflict, format!("key {key} already belongs to job {id} with a different payload"))
 }
 
-fn lease_lost(lease: &Lease) -> Error {
-    Error::new(ErrorKind::LeaseLost, format!("job {} is no longer held by this lease", lease.job_id))
-}
-
-fn parse_lease(lease: &Lease) -> Result<(i64, Uuid)> {
-    let id = lease.job_id.0.parse().map_err(|_| Error::new(ErrorKind::NotFound, format!("no job {}", lease.job_id)))?;
-    let token = Uuid::parse_str(&lease.token).map_err(|_| lease_lost(lease))?;
-    Ok((id, token))
-}
-
 fn key_from(s: String) -> Result<IdempotencyKey> {
     IdempotencyKey::parse(s).map_err(|e| Error::new(ErrorKind::Decode, format!("stored key: {e}")))
-}
-
-/// A claimed row. The row is its key's ledger entry, and the claim took the key: the claim
-/// carries the key's state (resumed when an earlier claim started it), and the hold is the lease.
-fn claimed_from(row: &PgRow) -> Result<Claimed> {
-    let id: i64 = row.get("id");
-    let token: Uuid = row.get("lease_token");
-    let key = key_from(row.get("idempotency_key"))?;
-    let provider_key = ProviderKey::from_uuid(row.get("provider_key"));
-    let lease = Lease { job_id: JobId(id.to_string()), token: token.to_string() };
-    let hold = Hold { key: key.clone(), token: token.to_string(), provider_key, lease: Some(lease.clone()) };
-    let begun = if row.get::<i32, _>("claims") > 1 { Begin::Resumed(hold) } else { Begin::Fresh(hold) };
-    Ok(Claimed {
-        job: JobRecord {
-            id: JobId(id.to_string()),
-            kind: row.get("kind"),
-            key,
-            provider_key,
-            payload: row.get("payload"),
-            attempt: row.get::<i32, _>("attempts") as u32,
-            cap: row.get::<i32, _>("cap") as u32,
-            severity: Severity::from_name(row.get("severity")).unwrap_or_default(),
-            enqueued_at: row.get("created_at"),
-            deadline: row.get("deadline"),
-            // Held back until then by `run_at`.
-            not_before: None,
-            stranded: row.get::<i32, _>("stranded").max(0) as u32,
-            undecodable: None,
-        },
-        lease,
-        begun: Some(begun),
-    })
 }
 
 impl Enqueue for PgBackend {
@@ -568,92 +369,6 @@ impl Backend for PgBackend {
             // `run_at`: a scheduled job is not claimable before it.
             max_delay: Some(Duration::MAX),
         }
-    }
-}
-
-impl Claim for PgBackend {
-    async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
-        let kinds = match kinds {
-            Kinds::Any => None,
-            Kinds::Only(kinds) => Some(kinds.clone()),
-        };
-        let deadline = tokio::time::Instant::now() + wait;
-        let wake = self.wake_signal().await;
-        loop {
-            let notified = wake.as_ref().map(|n| n.notified());
-            let mut notified = std::pin::pin!(notified);
-            if let Some(n) = notified.as_mut().as_pin_mut() {
-                // Registered before looking, so a NOTIFY in between is not missed.
-                n.enable();
-            }
-            self.sweep_if_due().await?;
-            let claimed = self.claim_once(&kinds, max, lease).await?;
-            let now = tokio::time::Instant::now();
-            if !claimed.is_empty() || now >= deadline {
-                return Ok(claimed);
-            }
-            let nap = tokio::time::sleep_until(deadline.min(now + self.inner.config.poll));
-            match notified.as_pin_mut() {
-                Some(n) => {
-                    tokio::select! {
-                        () = n => {}
-                        () = nap => {}
-                    }
-                }
-                None => nap.await,
-            }
-        }
-    }
-
-    async fn complete(&self, lease: &Lease, result: Option<&Value>) -> Result<()> {
-        let (id, token) = parse_lease(lease)?;
-        if self.inner.completer.complete(id, token, result.cloned()).await? { Ok(()) } else { Err(lease_lost(lease)) }
-    }
-
-    async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
-        self.fenced(&self.inner.sql.retry, lease, |q| q.bind(delay.as_secs_f64()).bind(error.to_owned()), "retry")
-            .await?;
-        if delay < self.inner.config.poll {
-            self.wake();
-        }
-        Ok(())
-    }
-
-    async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
-        self.fenced(&self.inner.sql.release, lease, |q| q.bind(delay.as_secs_f64()), "defer").await?;
-        if delay < self.inner.config.poll {
-            self.wake();
-        }
-        Ok(())
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        self.fenced(&self.inner.sql.release, lease, |q| q.bind(0.0f64), "release").await?;
-        self.wake();
-        Ok(())
-    }
-
-    async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<Option<FailureRecord>> {
-        let (id, token) = parse_lease(&claimed.lease)?;
-        let row = q(&self.inner.sql.dead_letter)
-            .bind(id)
-            .bind(token)
-            .bind(error)
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "dead-letter"))?;
-        record_from(&row.ok_or_else(|| lease_lost(&claimed.lease))?).map(Some)
-    }
-
-    fn renewal(&self) -> Option<&impl Renew> {
-        Some(self)
-    }
-}
-
-impl Renew for PgBackend {
-    async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
-        self.fenced(&self.inner.sql.extend, lease, |q| q.bind(by.as_secs_f64()), "extend lease").await?;
-        Ok(lease.clone())
     }
 }
 

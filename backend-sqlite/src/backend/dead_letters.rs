@@ -1,0 +1,175 @@
+//! Failure records on SQLite: read from the readers, closed and purged in short write
+//! transactions, and a replay that resets the job and closes its record in one.
+
+use std::time::Duration;
+
+use redrive_core::{
+    AttemptError, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey,
+    RecordState, Replay, ReplayOutcome, Result, Severity, require_audit,
+};
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+use uuid::Uuid;
+
+use super::{
+    CHUNK, SqliteBackend, history, key_or_stand_in, let_others_write, ms, now_ms, parse_id, payload_as_stored,
+    provider_key_from, time,
+};
+use crate::error::db;
+use crate::sql::{self, q};
+
+/// A record as stored. Its job may not have read back (see [`claimed_from`]): what does not read
+/// is shown as it is (a payload that is not JSON as a string, for a person to read and fix), so
+/// that one bad record never fails a listing.
+fn record_from(row: &SqliteRow) -> Result<FailureRecord> {
+    let errors: Vec<AttemptError> = history(&row.get::<String, _>("errors"));
+    let state = match row.get::<String, _>("state").as_str() {
+        "open" => RecordState::Open,
+        "replayed" => RecordState::Replayed {
+            at: time(row.get::<Option<i64>, _>("closed_at").unwrap_or_default()),
+            reason: row.get::<Option<String>, _>("replay_reason").unwrap_or_default(),
+            actor: row.get::<Option<String>, _>("replay_actor").unwrap_or_default(),
+        },
+        _ => RecordState::Discarded {
+            at: time(row.get::<Option<i64>, _>("closed_at").unwrap_or_default()),
+            reason: row.get::<Option<String>, _>("discard_reason").unwrap_or_default(),
+            actor: row.get::<Option<String>, _>("discard_actor").unwrap_or_default(),
+        },
+    };
+    Ok(FailureRecord {
+        id: FailureId(row.get::<i64, _>("id").to_string()),
+        job_id: JobId(row.get::<i64, _>("job_id").to_string()),
+        kind: row.get("kind"),
+        key: key_or_stand_in(row.get("idempotency_key"), row.get("job_id")),
+        provider_key: provider_key_from(&row.get::<String, _>("provider_key"))
+            .unwrap_or_else(|_| ProviderKey::from_uuid(Uuid::nil())),
+        payload: payload_as_stored(row.get("payload")),
+        last_error: row.get("last_error"),
+        errors,
+        attempts: row.get::<i64, _>("attempts").max(0) as u32,
+        cap: row.get::<i64, _>("cap").max(0) as u32,
+        severity: Severity::from_name(&row.get::<String, _>("severity")).unwrap_or_default(),
+        first_failed_at: time(row.get("first_failed_at")),
+        last_failed_at: time(row.get("last_failed_at")),
+        state,
+    })
+}
+
+impl DeadLetter for SqliteBackend {
+    async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
+        let after = query.after.as_ref().map(|id| parse_id(&id.0)).transpose()?.unwrap_or(0);
+        let job_id = query.job_id.as_ref().map(|id| parse_id(&id.0)).transpose()?;
+        let rows = q(sql::list_failures)
+            .bind(after)
+            .bind(query.kind.clone())
+            .bind(query.key.as_ref().map(|k| k.as_str().to_owned()))
+            .bind(job_id)
+            .bind(query.open)
+            .bind(query.failed_before.map(|t| t.timestamp_millis()))
+            .bind(i64::try_from(query.page_size()).unwrap_or(i64::MAX))
+            .fetch_all(&self.inner.reader)
+            .await
+            .map_err(|e| db(e, "list failure records"))?;
+        rows.iter().map(record_from).collect()
+    }
+
+    async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
+        let n = parse_id(&id.0)?;
+        let row = q(sql::get_failure)
+            .bind(n)
+            .fetch_optional(&self.inner.reader)
+            .await
+            .map_err(|e| db(e, "read a failure record"))?
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))?;
+        record_from(&row)
+    }
+
+    async fn count_open(&self) -> Result<u64> {
+        let row = q(sql::count_open).fetch_one(&self.inner.reader).await.map_err(|e| db(e, "count records"))?;
+        Ok(row.get::<i64, _>(0).max(0) as u64)
+    }
+
+    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        require_audit("a discard's reason", reason)?;
+        require_audit("a discard's actor", actor)?;
+        let n = parse_id(&id.0)?;
+        let done = q(sql::discard)
+            .bind(n)
+            .bind(now_ms())
+            .bind(reason.to_owned())
+            .bind(actor.to_owned())
+            .execute(&self.inner.writer)
+            .await
+            .map_err(|e| db(e, "discard"))?;
+        if done.rows_affected() == 0 {
+            self.get(id).await?; // NotFound if there is no such record; closed already is fine
+        }
+        Ok(())
+    }
+
+    async fn purge(&self, age: Duration) -> Result<u64> {
+        // In batches, each its own transaction: one transaction over every record would hold the
+        // write lock for as long as it takes, and every other writer (this process's completions
+        // queue behind it; another process's fail as busy) would wait that long.
+        let before = now_ms() - ms(age);
+        let mut purged = 0;
+        loop {
+            let started = std::time::Instant::now();
+            let mut tx = self.write().await?;
+            let rows =
+                q(sql::purge).bind(before).bind(CHUNK).fetch_all(&mut *tx).await.map_err(|e| db(e, "purge records"))?;
+            for row in &rows {
+                let (record, job): (i64, i64) = (row.get("id"), row.get("job_id"));
+                let step = |e| db(e, "purge a record's job and keys");
+                q(sql::purge_alerts).bind(record.to_string()).execute(&mut *tx).await.map_err(step)?;
+                q(sql::purge_job_key).bind(job).execute(&mut *tx).await.map_err(step)?;
+                q(sql::purge_job).bind(job).execute(&mut *tx).await.map_err(step)?;
+            }
+            tx.commit().await.map_err(|e| db(e, "commit purge"))?;
+            purged += rows.len() as u64;
+            if (rows.len() as i64) < CHUNK {
+                return Ok(purged);
+            }
+            let_others_write(started.elapsed()).await;
+        }
+    }
+}
+
+impl Replay for SqliteBackend {
+    async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
+        require_audit("a replay's actor", actor)?;
+        let n = parse_id(&id.0)?;
+        let mut tx = self.write().await?;
+        let row = q(sql::get_failure)
+            .bind(n)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| db(e, "read a failure record"))?
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))?;
+        let record = record_from(&row)?;
+        if !record.state.is_open() {
+            return Ok(ReplayOutcome::AlreadyClosed(record.state));
+        }
+        let now = now_ms();
+        // The existing job, reset: a fresh enqueue with the same key would only find a duplicate.
+        let job = parse_id(&record.job_id.0)?;
+        q(sql::requeue)
+            .bind(job)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| db(e, "replay"))?
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, "the record's job is gone"))?;
+        q(sql::close_replayed)
+            .bind(n)
+            .bind(now)
+            .bind(reason.to_owned())
+            .bind(actor.to_owned())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db(e, "replay"))?;
+        tx.commit().await.map_err(|e| db(e, "commit replay"))?;
+        self.wake();
+        Ok(ReplayOutcome::Replayed(record.job_id))
+    }
+}

@@ -1,0 +1,382 @@
+//! One backend named by a URL at run time, as sqlx's `any`: `postgres://…`, `sqlite://PATH`,
+//! `sqs://QUEUE`, `azure://QUEUE`, `qstash://HOST/PATH`.
+//!
+//! ```no_run
+//! # async fn run() -> redrive::Result<()> {
+//! use redrive::DeadLetter;
+//!
+//! let backend = redrive::any::connect("postgres://localhost/app").await?;
+//! println!("{} open records", backend.count_open().await?);
+//! # Ok(()) }
+//! ```
+//!
+//! The `redrive` command and its dashboard reach every backend through this module, and an
+//! application that takes its queue from configuration can too. Each scheme is there when its
+//! feature is on; a broker (SQS, Azure, QStash) keeps its failure records in a PostgreSQL
+//! database ([`AnyOptions::with_records`]), so its scheme needs the `postgres` feature as well.
+//! Credentials come from the environment, as each backend's SDK reads them:
+//!
+//! | scheme | backend | also reads |
+//! |---|---|---|
+//! | `postgres://`, `postgresql://` | PostgreSQL; records in the same schema | |
+//! | `sqlite://PATH` | the SQLite file at `PATH` (refused if it does not exist, unless [`AnyOptions::create_if_missing`]) | |
+//! | `sqs://QUEUE` | Amazon SQS | AWS's usual variables; `REDRIVE_SQS_ENDPOINT` (moto) |
+//! | `azure://QUEUE` | Azure Queue Storage | `AZURE_STORAGE_CONNECTION_STRING` |
+//! | `qstash://HOST/PATH` | Upstash QStash, the workers' receiver at `https://HOST/PATH` (`qstash+http://` for plain http, the emulator) | `QSTASH_TOKEN`, `QSTASH_URL` |
+//!
+//! A new backend registers here, in one place: a variant of [`AnyBackend`] and its arm in
+//! `on!`, its scheme in [`SCHEMES`] and in [`AnyOptions::connect`], all behind its feature.
+//! Errors never quote a URL: it may hold a password.
+
+use std::time::Duration;
+
+use redrive_core::{
+    Backend, Capabilities, Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery,
+    FailureRecord, NewJob, QueueStats, Replay, ReplayOutcome, Result,
+};
+
+/// The backend a URL named. Every variant is the backend's own type, so an application that
+/// needs more than these traits can match on it.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum AnyBackend {
+    /// PostgreSQL.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    Postgres(redrive_postgres::PgBackend),
+    /// One SQLite file.
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    Sqlite(redrive_sqlite::SqliteBackend),
+    /// Amazon SQS.
+    #[cfg(feature = "sqs")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
+    Sqs(redrive_sqs::SqsBackend),
+    /// Azure Queue Storage.
+    #[cfg(feature = "azure")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "azure")))]
+    Azure(redrive_azure::AzureBackend),
+    /// Upstash QStash.
+    #[cfg(feature = "qstash")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "qstash")))]
+    QStash(redrive_qstash::QStashBackend),
+}
+
+/// Runs the same call on whichever backend it is.
+macro_rules! on {
+    ($backend:expr, $b:ident => $call:expr) => {
+        match *$backend {
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(ref $b) => $call,
+            #[cfg(feature = "sqlite")]
+            AnyBackend::Sqlite(ref $b) => $call,
+            #[cfg(feature = "sqs")]
+            AnyBackend::Sqs(ref $b) => $call,
+            #[cfg(feature = "azure")]
+            AnyBackend::Azure(ref $b) => $call,
+            #[cfg(feature = "qstash")]
+            AnyBackend::QStash(ref $b) => $call,
+        }
+    };
+}
+
+impl AnyBackend {
+    /// The scheme this backend is known by (`"postgres"`, `"sqs"`, …), for logs and pages.
+    pub fn scheme(&self) -> &'static str {
+        match *self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => "postgres",
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(_) => "sqlite",
+            #[cfg(feature = "sqs")]
+            Self::Sqs(_) => "sqs",
+            #[cfg(feature = "azure")]
+            Self::Azure(_) => "azure",
+            #[cfg(feature = "qstash")]
+            Self::QStash(_) => "qstash",
+        }
+    }
+}
+
+impl std::fmt::Debug for AnyBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The scheme only: not every backend's own type is `Debug`.
+        f.debug_tuple("AnyBackend").field(&self.scheme()).finish()
+    }
+}
+
+/// Each scheme this module knows, the features it needs, and whether this build has them: what
+/// an unknown or unbuilt scheme's error says.
+pub const SCHEMES: &[Scheme] = &[
+    Scheme { names: &["postgres", "postgresql"], features: "postgres", built: cfg!(feature = "postgres") },
+    Scheme { names: &["sqlite"], features: "sqlite", built: cfg!(feature = "sqlite") },
+    Scheme { names: &["sqs"], features: "sqs, postgres", built: cfg!(all(feature = "sqs", feature = "postgres")) },
+    Scheme {
+        names: &["azure"],
+        features: "azure, postgres",
+        built: cfg!(all(feature = "azure", feature = "postgres")),
+    },
+    Scheme {
+        names: &["qstash", "qstash+http"],
+        features: "qstash, postgres",
+        built: cfg!(all(feature = "qstash", feature = "postgres")),
+    },
+];
+
+/// A URL scheme of [`SCHEMES`].
+#[derive(Debug, Clone, Copy)]
+pub struct Scheme {
+    /// The scheme's names, before `://`.
+    pub names: &'static [&'static str],
+    /// The cargo features of `redrive` it needs.
+    pub features: &'static str,
+    /// Whether this build has them.
+    pub built: bool,
+}
+
+/// Connects to the backend `url` names, with the defaults of [`AnyOptions`]. A broker's URL
+/// needs [`AnyOptions::with_records`].
+pub async fn connect(url: &str) -> Result<AnyBackend> {
+    AnyOptions::new(url).connect().await
+}
+
+/// A backend URL and what connecting to it may need besides.
+#[derive(Clone)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub struct AnyOptions {
+    url: String,
+    records: Option<String>,
+    schema: Option<String>,
+    max_connections: Option<u32>,
+    create_if_missing: bool,
+}
+
+impl std::fmt::Debug for AnyOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URLs may hold passwords: only the scheme is shown.
+        let scheme = self.url.split_once("://").map_or("?", |(scheme, _)| scheme);
+        f.debug_struct("AnyOptions")
+            .field("scheme", &scheme)
+            .field("records", &self.records.as_ref().map(|_| "…"))
+            .field("schema", &self.schema)
+            .field("max_connections", &self.max_connections)
+            .field("create_if_missing", &self.create_if_missing)
+            .finish()
+    }
+}
+
+impl AnyOptions {
+    /// The backend at `url` (see the [module's table](crate::any)).
+    pub fn new(url: impl Into<String>) -> Self {
+        Self { url: url.into(), records: None, schema: None, max_connections: None, create_if_missing: false }
+    }
+
+    /// The PostgreSQL database (`postgres://…`) where a broker (SQS, Azure, QStash) keeps its
+    /// failure records; a store backend keeps its own and ignores it.
+    pub fn with_records(mut self, url: impl Into<String>) -> Self {
+        self.records = Some(url.into());
+        self
+    }
+
+    /// The PostgreSQL schema of redrive's tables, the queue's or the records' (default `redrive`).
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    /// The most PostgreSQL connections to open (default: [`PgConfig`]'s). A command or a
+    /// dashboard needs few.
+    ///
+    /// [`PgConfig`]: https://docs.rs/redrive-postgres/latest/redrive_postgres/struct.PgConfig.html
+    pub fn with_max_connections(mut self, connections: u32) -> Self {
+        self.max_connections = Some(connections);
+        self
+    }
+
+    /// Creates a `sqlite://` file that does not exist. By default it is refused: opening would
+    /// create it, and an operator's typo should not make an empty queue.
+    pub fn create_if_missing(mut self) -> Self {
+        self.create_if_missing = true;
+        self
+    }
+
+    /// Connects to the backend.
+    pub async fn connect(&self) -> Result<AnyBackend> {
+        let Some((scheme, rest)) = self.url.split_once("://") else { return Err(unknown_scheme(None)) };
+        match scheme {
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => Ok(AnyBackend::Postgres(self.postgres(&self.url).await?)),
+            #[cfg(feature = "sqlite")]
+            "sqlite" => {
+                if !self.create_if_missing && !std::path::Path::new(rest).exists() {
+                    return Err(Error::new(ErrorKind::NotFound, "no SQLite database at that path"));
+                }
+                let config = redrive_sqlite::SqliteConfig::new(rest);
+                Ok(AnyBackend::Sqlite(redrive_sqlite::SqliteBackend::open(config).await?))
+            }
+            #[cfg(all(feature = "sqs", feature = "postgres"))]
+            "sqs" => {
+                let config = redrive_sqs::SqsConfig::new(rest);
+                Ok(AnyBackend::Sqs(redrive_sqs::SqsBackend::connect(config, self.records(scheme).await?).await?))
+            }
+            #[cfg(all(feature = "azure", feature = "postgres"))]
+            "azure" => {
+                let account = match std::env::var("AZURE_STORAGE_CONNECTION_STRING") {
+                    Ok(text) => redrive_azure::AzureConfig::from_connection_string(&text)?,
+                    Err(_) => return Err(config_error("azure:// needs AZURE_STORAGE_CONNECTION_STRING")),
+                };
+                let options = redrive_azure::QueueOptions::default();
+                let records = self.records(scheme).await?;
+                Ok(AnyBackend::Azure(redrive_azure::AzureBackend::connect(&account, rest, options, records).await?))
+            }
+            #[cfg(all(feature = "qstash", feature = "postgres"))]
+            "qstash" | "qstash+http" => {
+                // The destination the workers' receiver is at: its records are scoped by it.
+                let plain = scheme == "qstash+http";
+                let destination = format!("{}://{rest}", if plain { "http" } else { "https" });
+                let token = std::env::var("QSTASH_TOKEN").map_err(|_| config_error("qstash:// needs QSTASH_TOKEN"))?;
+                let mut config = redrive_qstash::QStashConfig::new(token, destination);
+                if let Ok(api) = std::env::var("QSTASH_URL") {
+                    config = config.with_api_url(api);
+                }
+                if plain {
+                    config = config.allow_plain_http();
+                }
+                let records = std::sync::Arc::new(self.records(scheme).await?);
+                Ok(AnyBackend::QStash(redrive_qstash::QStashBackend::connect(config, records).await?))
+            }
+            other => {
+                let _ = rest;
+                Err(unknown_scheme(Some(other)))
+            }
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn postgres(&self, url: &str) -> Result<redrive_postgres::PgBackend> {
+        let mut config = redrive_postgres::PgConfig::new(url);
+        if let Some(schema) = &self.schema {
+            config = config.with_schema(schema);
+        }
+        if let Some(connections) = self.max_connections {
+            config = config.with_max_connections(connections);
+        }
+        redrive_postgres::PgBackend::connect(config).await
+    }
+
+    /// The database a broker keeps its failure records in.
+    #[cfg(all(feature = "postgres", any(feature = "sqs", feature = "azure", feature = "qstash")))]
+    async fn records(&self, scheme: &str) -> Result<redrive_postgres::PgBackend> {
+        let url = self.records.as_deref().ok_or_else(|| {
+            config_error(format!(
+                "{scheme}:// keeps its failure records in a PostgreSQL database: give its URL \
+                 (the command's --records or DATABASE_URL)"
+            ))
+        })?;
+        self.postgres(url).await
+    }
+}
+
+fn config_error(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Config, message)
+}
+
+/// The error for a scheme this build cannot connect to: which features it needs, or which
+/// schemes there are.
+fn unknown_scheme(scheme: Option<&str>) -> Error {
+    if let Some(known) = SCHEMES.iter().find(|s| scheme.is_some_and(|name| s.names.contains(&name))) {
+        return config_error(format!("{}:// needs redrive built with the features {}", known.names[0], known.features));
+    }
+    let built: Vec<String> =
+        SCHEMES.iter().filter(|s| s.built).flat_map(|s| s.names.iter().map(|n| format!("{n}://"))).collect();
+    Error::new(ErrorKind::InvalidName, format!("the backend URL must start with one of: {}", built.join(", ")))
+}
+
+impl Backend for AnyBackend {
+    fn capabilities(&self) -> Capabilities {
+        on!(self, b => b.capabilities())
+    }
+}
+
+impl Enqueue for AnyBackend {
+    async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
+        on!(self, b => b.enqueue(job).await)
+    }
+
+    async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        on!(self, b => b.enqueue_batch(jobs).await)
+    }
+}
+
+impl DeadLetter for AnyBackend {
+    async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
+        on!(self, b => b.list(query).await)
+    }
+
+    async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
+        on!(self, b => b.get(id).await)
+    }
+
+    async fn count_open(&self) -> Result<u64> {
+        on!(self, b => b.count_open().await)
+    }
+
+    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        on!(self, b => b.discard(id, reason, actor).await)
+    }
+
+    async fn purge(&self, age: Duration) -> Result<u64> {
+        on!(self, b => b.purge(age).await)
+    }
+}
+
+impl Replay for AnyBackend {
+    async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
+        on!(self, b => b.replay(id, reason, actor).await)
+    }
+}
+
+impl QueueStats for AnyBackend {
+    async fn counts(&self) -> Result<Counts> {
+        on!(self, b => b.counts().await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_unknown_scheme_names_the_ones_there_are_and_never_the_url() {
+        let e = connect("mysql://ada:secret@db/app").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidName);
+        assert!(!e.to_string().contains("secret"), "{e}");
+        assert!(e.to_string().contains("postgres://") == cfg!(feature = "postgres"), "{e}");
+        let e = connect("no scheme at all").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidName);
+    }
+
+    #[tokio::test]
+    async fn a_broker_without_a_records_database_is_a_config_error() {
+        for url in ["sqs://orders", "azure://orders", "qstash://example.com/qstash"] {
+            let e = connect(url).await.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config, "{url}: {e}");
+        }
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_missing_sqlite_file_is_not_created_unless_asked() {
+        let dir = std::env::temp_dir().join(format!("redrive-any-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("jobs.db");
+        let url = format!("sqlite://{}", path.display());
+        assert_eq!(connect(&url).await.unwrap_err().kind(), ErrorKind::NotFound);
+        assert!(!path.exists());
+        let backend = AnyOptions::new(&url).create_if_missing().connect().await.unwrap();
+        assert_eq!(backend.scheme(), "sqlite");
+        assert_eq!(backend.count_open().await.unwrap(), 0);
+        drop(backend);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
