@@ -14,8 +14,12 @@ pub(super) const RECORD_ROOM: usize = 16 * 1024;
 /// JSON text (see [`broker::add_error`]); errors are cleaned before they go in, so the text is
 /// always what SQS accepts.
 pub(super) fn history(attrs: &HashMap<String, MessageAttributeValue>, attempt: u32, error: &str) -> String {
-    let errors = broker::add_error(carried_errors(Some(attrs)), attempt, error);
-    broker::clean(&serde_json::to_string(&errors).expect("errors serialize")).into_owned()
+    history_text(&broker::add_error(carried_errors(Some(attrs)), attempt, error))
+}
+
+/// A history as the attribute's JSON text.
+pub(super) fn history_text(errors: &[AttemptError]) -> String {
+    broker::clean(&serde_json::to_string(errors).expect("errors serialize")).into_owned()
 }
 
 /// The history a message carries, oldest first; empty where it has none.
@@ -97,6 +101,7 @@ impl aws_sdk_sqs::config::Intercept for CountRequests {
 }
 
 /// Whether `text` is in a body or any attribute's value.
+#[cfg(any(test, feature = "test-hooks"))]
 pub(super) fn mentions(body: &str, attrs: Option<&HashMap<String, MessageAttributeValue>>, text: &str) -> bool {
     body.contains(text) || attrs.is_some_and(|a| a.values().any(|v| v.string_value().is_some_and(|s| s.contains(text))))
 }

@@ -1,4 +1,4 @@
-//! Failure records, kept in the [`RecordStore`] (the application's database) through the broker
+//! `Broker`: failure records, kept in the [`RecordStore`] (the application's database) through the broker
 //! kit ([`redrive_core::broker`]), which gives [`DeadLetter`](redrive_core::DeadLetter) and
 //! [`Replay`](redrive_core::Replay). The worker writes its records to the store directly; the
 //! DLQ is the intake for what the redrive policy moved (a worker that crashed on its last
@@ -9,12 +9,8 @@ use redrive_core::broker::{self, Broker, Drained, Known};
 use super::*;
 
 impl Broker for SqsBackend {
-    fn record_store(&self) -> &dyn RecordStore {
-        &*self.inner.records
-    }
-
-    fn record_scope(&self) -> &str {
-        &self.inner.scope
+    fn core(&self) -> &BrokerCore {
+        &self.inner.core
     }
 
     async fn receive_dead(&self, hide: Duration) -> Result<Vec<Drained>> {
@@ -91,14 +87,6 @@ impl Broker for SqsBackend {
     /// job's first send would be dropped.
     async fn send_replay(&self, job: &NewJob, record: &FailureId) -> Result<JobId> {
         self.send(job, format!("replay-{record}"), "replay").await
-    }
-
-    fn drain_lock(&self) -> &tokio::sync::Mutex<()> {
-        &self.inner.draining
-    }
-
-    fn stop_after_replay_send(&self) -> bool {
-        self.inner.fail_after_replay_send.load(Ordering::Relaxed)
     }
 }
 
