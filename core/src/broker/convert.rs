@@ -5,6 +5,8 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
+#[cfg(doc)]
+use super::add_error;
 use super::history::{add_error_at, last_error};
 use crate::backend::{AttemptError, FailureId, FailureRecord, RecordState};
 use crate::envelope::{ENVELOPE_VERSION, Envelope};
@@ -16,8 +18,8 @@ pub(super) const NOT_AN_ENVELOPE: &str = "the message body is not a redrive enve
 
 impl FailureRecord {
     /// The open record `id` of `job`, whose attempt (`job.attempt`) failed at `at` with `error`:
-    /// kept as the last error (see [`last_error`](super::last_error)) and added to `history`, the
-    /// failed attempts the message carried (see [`add_error`](super::add_error)).
+    /// kept as the last error (see [`last_error`]) and added to `history`, the
+    /// failed attempts the message carried (see [`add_error`]).
     pub fn from_job(
         id: FailureId,
         job: &JobRecord,
