@@ -61,3 +61,15 @@ pub(crate) fn classify(code: Option<&str>) -> (ErrorKind, Retry) {
         _ => (ErrorKind::Backend, Retry::Permanent),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sdk_error_codes_map_to_kinds() {
+        assert_eq!(classify(Some("ReceiptHandleIsInvalid")).0, ErrorKind::LeaseLost);
+        assert_eq!(classify(Some("AWS.SimpleQueueService.NonExistentQueue")).0, ErrorKind::NotFound);
+        assert_eq!(classify(Some("RequestThrottled")).1, redrive_core::Retry::Temporary);
+    }
+}

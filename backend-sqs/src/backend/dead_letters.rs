@@ -139,3 +139,18 @@ pub(super) fn carried_job(
     let known = Known { kind: attr(ATTR_KIND), key: attr(ATTR_KEY), provider_key: attr(ATTR_PROVIDER_KEY) };
     broker::carried_job("sqs", id, body, known, sent)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_that_is_not_an_envelope_is_carried_as_it_is() {
+        let (env, undecodable) = carried_job("m-1", "<xml/>", None, Utc::now());
+        let why = undecodable.expect("not an envelope");
+        assert!(why.starts_with("the message body is not a redrive envelope: "), "{why}");
+        assert!(!why.contains("xml"), "the body is not quoted: {why}");
+        assert_eq!((env.key.as_str(), env.cap), ("sqs:message=m-1", 1));
+        assert_eq!(env.payload, Value::String("<xml/>".into()));
+    }
+}

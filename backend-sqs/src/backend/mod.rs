@@ -125,23 +125,6 @@ impl std::fmt::Debug for SqsBackend {
 }
 
 impl SqsBackend {
-    async fn client(config: &SqsConfig, requests: &Arc<AtomicU64>) -> Client {
-        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-        if let Some(endpoint) = &config.endpoint {
-            loader = loader.endpoint_url(endpoint);
-        }
-        if let Some(region) = &config.region {
-            loader = loader.region(aws_config::Region::new(region.clone()));
-        }
-        if let Some((key, secret)) = &config.static_credentials {
-            let credentials = aws_sdk_sqs::config::Credentials::new(key, secret, None, None, "redrive-static");
-            loader = loader.credentials_provider(credentials);
-        }
-        let shared = loader.load().await;
-        let sqs = aws_sdk_sqs::config::Builder::from(&shared).interceptor(CountRequests(Arc::clone(requests))).build();
-        Client::from_conf(sqs)
-    }
-
     /// Connects to an existing queue and checks its setup, refusing what would lose data: no
     /// redrive policy, a missing dead-letter queue, a DLQ that does not keep messages longer than
     /// the source or takes smaller ones, a record store that is not ready (run its migrations).
@@ -150,7 +133,7 @@ impl SqsBackend {
     pub async fn connect(config: SqsConfig, records: impl RecordStore) -> Result<Self> {
         check_queue_name(&config.queue)?;
         let requests = Arc::new(AtomicU64::new(0));
-        let client = Self::client(&config, &requests).await;
+        let client = config.client(&requests).await;
         let source_url = queue_url(&client, &config.queue).await?;
         let attrs = queue_attributes(&client, &source_url).await?;
         let policy = attrs.get(&QueueAttributeName::RedrivePolicy).ok_or_else(|| {
@@ -228,7 +211,7 @@ impl SqsBackend {
     pub async fn setup(config: SqsConfig, setup: QueueSetup, records: impl RecordStore) -> Result<Self> {
         check_queue_name(&config.queue)?;
         let requests = Arc::new(AtomicU64::new(0));
-        let client = Self::client(&config, &requests).await;
+        let client = config.client(&requests).await;
         let suffix = if setup.fifo { ".fifo" } else { "" };
         let base = config.queue.strip_suffix(".fifo").unwrap_or(&config.queue).to_owned();
         let (source, dlq) = (format!("{base}{suffix}"), format!("{base}-dlq{suffix}"));
@@ -568,15 +551,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn batches_count_attributes_and_keep_ten_at_most() {
-        // Bodies alone would fit one batch; their attributes push it over the limit.
-        assert_eq!(batches(&[400, 400, 400], 1000), [0..2, 2..3]);
-        assert_eq!(batches(&[1000, 1, 1], 1000), [0..1, 1..3], "a message at the limit goes alone");
-        assert_eq!(batches(&[1; 25], 1000), [0..10, 10..20, 20..25]);
-        assert!(batches(&[], 1000).is_empty());
-    }
-
-    #[test]
     fn a_batch_stopped_part_way_names_what_was_not_sent() {
         let jobs: Vec<NewJob> = (0..25)
             .map(|n| {
@@ -598,37 +572,6 @@ mod tests {
     }
 
     #[test]
-    fn queue_names_follow_sqs_rules() {
-        for ok in ["jobs", "jobs-dlq", "a_b-9.fifo", &"q".repeat(80)] {
-            assert!(check_queue_name(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", ".fifo", "with space", "dots.in.name", &"q".repeat(81)] {
-            assert_eq!(check_queue_name(bad).unwrap_err().kind(), ErrorKind::InvalidName, "{bad}");
-        }
-    }
-
-    #[test]
-    fn a_body_that_is_not_an_envelope_is_carried_as_it_is() {
-        let (env, undecodable) = carried_job("m-1", "<xml/>", None, Utc::now());
-        let why = undecodable.expect("not an envelope");
-        assert!(why.starts_with("the message body is not a redrive envelope: "), "{why}");
-        assert!(!why.contains("xml"), "the body is not quoted: {why}");
-        assert_eq!((env.key.as_str(), env.cap), ("sqs:message=m-1", 1));
-        assert_eq!(env.payload, Value::String("<xml/>".into()));
-    }
-
-    #[test]
-    fn a_deferred_copy_adds_its_spent_attempts_to_its_receives() {
-        let with = |v: &str| HashMap::from([(ATTR_SPENT.to_owned(), string_attr(v))]);
-        assert_eq!(spent(&HashMap::new()), 0, "never deferred");
-        assert_eq!(spent(&with("3")), 3);
-        assert_eq!(spent(&with("not a number")), 0, "a producer's garbage costs no attempts");
-        let widest = string_attr(&u32::MAX.to_string());
-        assert!(COPY_ROOM >= ATTR_SPENT.len() + 6 + widest.string_value().unwrap().len(), "enqueue keeps room for it");
-        assert!(mentions("{}", Some(&with("7")), "7") && !mentions("{}", Some(&with("7")), "8"));
-    }
-
-    #[test]
     fn every_attribute_is_documented_for_producers() {
         let doc = include_str!("../../../docs/envelope.md");
         for name in [
@@ -645,13 +588,5 @@ mod tests {
         ] {
             assert!(doc.contains(&format!("| `{name}` |")), "docs/envelope.md does not name the attribute {name}");
         }
-    }
-
-    #[test]
-    fn sdk_error_codes_map_to_kinds() {
-        use crate::error::classify;
-        assert_eq!(classify(Some("ReceiptHandleIsInvalid")).0, ErrorKind::LeaseLost);
-        assert_eq!(classify(Some("AWS.SimpleQueueService.NonExistentQueue")).0, ErrorKind::NotFound);
-        assert_eq!(classify(Some("RequestThrottled")).1, redrive_core::Retry::Temporary);
     }
 }
