@@ -25,7 +25,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use chrono::{DateTime, TimeZone, Utc};
 use hmac::{KeyInit, Mac};
-use redrive_core::broker::{Known, add_error, carried_job, dead_record, last_error};
+use redrive_core::broker::{Known, carried_job};
 use redrive_core::{AttemptError, FailureId, FailureRecord, JobId};
 use sha2::{Digest, Sha256};
 
@@ -154,11 +154,6 @@ pub(crate) fn record_of(entry: &DlqEntry) -> FailureRecord {
         ),
         (None, None) => format!("QStash gave up after {attempts} attempts without an answer from the endpoint"),
     };
-    let last_error = last_error(&error);
-    let mut errors = add_error(carried.errors, attempts, &last_error);
-    if let Some(last) = errors.last_mut() {
-        last.at = failed_at;
-    }
-    let job_id = JobId(carried.job_id.unwrap_or_else(|| entry.message_id.clone()));
-    dead_record((FailureId(entry.dlq_id.clone()), job_id), env, last_error, errors, attempts, failed_at)
+    let job = env.into_job(JobId(carried.job_id.unwrap_or_else(|| entry.message_id.clone())), attempts, None);
+    FailureRecord::from_job(FailureId(entry.dlq_id.clone()), &job, &error, carried.errors, failed_at)
 }

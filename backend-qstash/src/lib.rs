@@ -56,6 +56,7 @@ mod api;
 mod backend;
 mod config;
 mod dead;
+mod error;
 mod receiver;
 mod signature;
 

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
 use redrive_core::JobId;
-use redrive_core::broker::{Known, carried_job, job_record};
+use redrive_core::broker::{Known, carried_job};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -183,7 +183,7 @@ fn delivery(
     let answer_by = now + timeout - (timeout / 10).min(Duration::from_secs(5));
     let (sender, verdict) = oneshot::channel();
     let delivery = Delivery {
-        job: job_record(job_id, env, attempt, undecodable),
+        job: env.into_job(job_id, attempt, undecodable),
         message_id,
         retried,
         carried,

@@ -1,6 +1,10 @@
 //! Where the queues are and how to reach them.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use aws_sdk_sqs::Client;
 
 /// The SQS backend's configuration. The AWS SDK reads credentials and region from the
 /// environment as usual (`AWS_ACCESS_KEY_ID`, `AWS_REGION`, profiles, instance roles);
@@ -91,5 +95,45 @@ impl Default for QueueSetup {
             max_message_size: 256 * 1024,
             fifo: false,
         }
+    }
+}
+
+impl SqsConfig {
+    /// The SQS client this configuration reaches, counting its requests in `requests`.
+    pub(crate) async fn client(&self, requests: &Arc<AtomicU64>) -> Client {
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+        if let Some(endpoint) = &self.endpoint {
+            loader = loader.endpoint_url(endpoint);
+        }
+        if let Some(region) = &self.region {
+            loader = loader.region(aws_config::Region::new(region.clone()));
+        }
+        if let Some((key, secret)) = &self.static_credentials {
+            let credentials = aws_sdk_sqs::config::Credentials::new(key, secret, None, None, "redrive-static");
+            loader = loader.credentials_provider(credentials);
+        }
+        let shared = loader.load().await;
+        let sqs = aws_sdk_sqs::config::Builder::from(&shared).interceptor(CountRequests(Arc::clone(requests))).build();
+        Client::from_conf(sqs)
+    }
+}
+
+#[derive(Debug)]
+/// Counts every HTTP attempt the client makes, for cost and efficiency figures.
+struct CountRequests(Arc<AtomicU64>);
+
+impl aws_sdk_sqs::config::Intercept for CountRequests {
+    fn name(&self) -> &'static str {
+        "redrive-count-requests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _components: &aws_sdk_sqs::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_sqs::config::ConfigBag,
+    ) -> std::result::Result<(), aws_sdk_sqs::error::BoxError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 }

@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
-use redrive_core::{Error, ErrorKind, Result};
+use redrive_core::{Error, Result};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::error::{classify, sdk};
+use crate::error::{classify, sdk_shared};
 
 struct Request {
     receipt: String,
@@ -86,11 +86,35 @@ async fn flush(client: &Client, url: &str, batch: Vec<Request>) {
             }
         }
         Err(e) => {
-            let e = sdk(e, "delete batch");
+            // Each completion gets the failure whole: its kind, retry flag and the SDK's error.
+            let error = sdk_shared(e, "delete batch");
             for r in batch {
-                let kind = if e.kind() == ErrorKind::LeaseLost { ErrorKind::LeaseLost } else { ErrorKind::Backend };
-                let _ = r.reply.send(Err(Error::new(kind, e.to_string()).with_retry(e.retry())));
+                let _ = r.reply.send(Err(error()));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use aws_sdk_sqs::error::SdkError;
+    use aws_sdk_sqs::operation::delete_message_batch::DeleteMessageBatchError;
+    use redrive_core::{ErrorKind, Retry};
+
+    use super::*;
+
+    #[test]
+    fn a_failed_batch_answers_each_completion_with_the_whole_error() {
+        let timeout = SdkError::<DeleteMessageBatchError, aws_sdk_sqs::config::http::HttpResponse>::timeout_error(
+            std::io::Error::other("read timed out"),
+        );
+        let error = sdk_shared(timeout, "delete batch");
+        for e in [error(), error()] {
+            assert_eq!((e.kind(), e.retry()), (ErrorKind::Backend, Retry::Temporary));
+            assert_eq!(e.message(), "sqs: delete batch (no code)");
+            assert!(e.source().is_some(), "the SDK's error is kept as the source");
         }
     }
 }

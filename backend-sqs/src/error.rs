@@ -1,5 +1,7 @@
 //! AWS SDK errors mapped onto redrive's error kinds, in one place.
 
+use std::sync::Arc;
+
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use redrive_core::{Error, ErrorKind, Retry};
 
@@ -11,15 +13,36 @@ where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,
 {
-    let (kind, retry) = match &e {
+    let (kind, retry, message) = describe(&e, what);
+    Error::new(kind, message).with_retry(retry).with_source(e)
+}
+
+/// [`sdk`] for a call whose failure answers several callers (a batch shared by concurrent
+/// completions): each error made has the kind, retry flag and message, and the SDK's error as
+/// its source.
+pub(crate) fn sdk_shared<E, R>(e: SdkError<E, R>, what: &str) -> impl Fn() -> Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    let (kind, retry, message) = describe(&e, what);
+    let source = Arc::new(e);
+    move || Error::new(kind, message.clone()).with_retry(retry).with_source(Arc::clone(&source))
+}
+
+fn describe<E, R>(e: &SdkError<E, R>, what: &str) -> (ErrorKind, Retry, String)
+where
+    E: ProvideErrorMetadata,
+{
+    let (kind, retry) = match e {
         SdkError::ServiceError(service) => classify(service.err().code()),
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             (ErrorKind::Backend, Retry::Temporary)
         }
         _ => (ErrorKind::Backend, Retry::Permanent),
     };
-    let code = e.code().unwrap_or("no code").to_owned();
-    Error::new(kind, format!("sqs: {what} ({code})")).with_retry(retry).with_source(e)
+    let code = e.code().unwrap_or("no code");
+    (kind, retry, format!("sqs: {what} ({code})"))
 }
 
 pub(crate) fn classify(code: Option<&str>) -> (ErrorKind, Retry) {
@@ -36,5 +59,17 @@ pub(crate) fn classify(code: Option<&str>) -> (ErrorKind, Retry) {
         | "InternalFailure" => (ErrorKind::Backend, Retry::Temporary),
         "InvalidMessageContents" => (ErrorKind::Decode, Retry::Permanent),
         _ => (ErrorKind::Backend, Retry::Permanent),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sdk_error_codes_map_to_kinds() {
+        assert_eq!(classify(Some("ReceiptHandleIsInvalid")).0, ErrorKind::LeaseLost);
+        assert_eq!(classify(Some("AWS.SimpleQueueService.NonExistentQueue")).0, ErrorKind::NotFound);
+        assert_eq!(classify(Some("RequestThrottled")).1, redrive_core::Retry::Temporary);
     }
 }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::job::{NewJob, Severity};
+use crate::job::{JobId, JobRecord, NewJob, Severity};
 use crate::key::{IdempotencyKey, ProviderKey, check_name};
 use crate::redact::debug_redacted;
 
@@ -61,6 +61,44 @@ impl Envelope {
         }
     }
 
+    /// A claimed job as it travels again (sent on to a dead-letter queue), its first enqueue
+    /// time kept.
+    pub fn from_job(job: &JobRecord) -> Self {
+        Self {
+            v: ENVELOPE_VERSION,
+            kind: job.kind.clone(),
+            key: job.key.clone(),
+            provider_key: job.provider_key,
+            cap: job.cap,
+            severity: job.severity,
+            enqueued_at: job.enqueued_at,
+            deadline: job.deadline,
+            not_before: job.not_before,
+            payload: job.payload.clone(),
+        }
+    }
+
+    /// The job a received message carries, as the worker gets it: this envelope (or a stand-in,
+    /// with `undecodable` saying why) under `id`, at `attempt`. Brokers cannot tell a lapsed
+    /// claim from a started one, so nothing is counted as stranded.
+    pub fn into_job(self, id: JobId, attempt: u32, undecodable: Option<String>) -> JobRecord {
+        JobRecord {
+            id,
+            kind: self.kind,
+            key: self.key,
+            provider_key: self.provider_key,
+            payload: self.payload,
+            attempt,
+            cap: self.cap,
+            severity: self.severity,
+            enqueued_at: self.enqueued_at,
+            deadline: self.deadline,
+            not_before: self.not_before,
+            stranded: 0,
+            undecodable,
+        }
+    }
+
     /// The compact JSON body.
     pub fn encode(&self) -> String {
         serde_json::to_string(self).expect("an envelope always serializes")
@@ -84,6 +122,18 @@ impl Envelope {
         }
         check_name("job kind", &envelope.kind).map_err(|e| not_an_envelope(e.message()))?;
         Ok(envelope)
+    }
+}
+
+impl From<&NewJob> for Envelope {
+    fn from(job: &NewJob) -> Self {
+        Self::new(job)
+    }
+}
+
+impl From<&JobRecord> for Envelope {
+    fn from(job: &JobRecord) -> Self {
+        Self::from_job(job)
     }
 }
 
@@ -139,6 +189,16 @@ mod tests {
         let mut future = serde_json::from_str::<Value>(&env.encode()).unwrap();
         future["v"] = json!(2);
         assert_eq!(Envelope::decode(future.to_string().as_bytes()).unwrap_err().kind(), ErrorKind::Decode);
+    }
+
+    #[test]
+    fn a_claimed_job_travels_again_as_it_was_enqueued() {
+        let key = IdempotencyKey::builder("ship").fact("parcel", 9).build().unwrap();
+        let at = DateTime::parse_from_rfc3339("2026-12-01T12:00:00.250Z").unwrap().with_timezone(&Utc);
+        let sent = Envelope::from(&NewJob::new("ship", key, json!({"parcel": 9})).unwrap().expires_at(at));
+        let job = sent.clone().into_job(JobId("m-9".into()), 2, None);
+        assert_eq!((job.id.0.as_str(), job.attempt, job.stranded, job.deadline), ("m-9", 2, 0, Some(at)));
+        assert_eq!(Envelope::from(&job), sent, "the first enqueue time and every field kept");
     }
 
     #[test]

@@ -14,8 +14,12 @@ pub(super) const RECORD_ROOM: usize = 16 * 1024;
 /// JSON text (see [`broker::add_error`]); errors are cleaned before they go in, so the text is
 /// always what SQS accepts.
 pub(super) fn history(attrs: &HashMap<String, MessageAttributeValue>, attempt: u32, error: &str) -> String {
-    let errors = broker::add_error(carried_errors(Some(attrs)), attempt, error);
-    broker::clean(&serde_json::to_string(&errors).expect("errors serialize")).into_owned()
+    history_text(&broker::add_error(carried_errors(Some(attrs)), attempt, error))
+}
+
+/// A history as the attribute's JSON text.
+pub(super) fn history_text(errors: &[AttemptError]) -> String {
+    broker::clean(&serde_json::to_string(errors).expect("errors serialize")).into_owned()
 }
 
 /// The history a message carries, oldest first; empty where it has none.
@@ -77,26 +81,8 @@ pub(super) fn config_error(message: impl Into<String>) -> Error {
     Error::new(ErrorKind::Config, message)
 }
 
-#[derive(Debug)]
-pub(super) struct CountRequests(pub(super) Arc<AtomicU64>);
-
-impl aws_sdk_sqs::config::Intercept for CountRequests {
-    fn name(&self) -> &'static str {
-        "redrive-count-requests"
-    }
-
-    fn read_before_transmit(
-        &self,
-        _context: &aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
-        _components: &aws_sdk_sqs::config::RuntimeComponents,
-        _cfg: &mut aws_sdk_sqs::config::ConfigBag,
-    ) -> std::result::Result<(), aws_sdk_sqs::error::BoxError> {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
 /// Whether `text` is in a body or any attribute's value.
+#[cfg(any(test, feature = "test-hooks"))]
 pub(super) fn mentions(body: &str, attrs: Option<&HashMap<String, MessageAttributeValue>>, text: &str) -> bool {
     body.contains(text) || attrs.is_some_and(|a| a.values().any(|v| v.string_value().is_some_and(|s| s.contains(text))))
 }
@@ -142,4 +128,39 @@ pub(super) async fn create_queue(
     }
     let out = request.send().await.map_err(|e| sdk(e, "create queue"))?;
     out.queue_url.ok_or_else(|| Error::temporary(format!("queue {name} was created without a URL")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_count_attributes_and_keep_ten_at_most() {
+        // Bodies alone would fit one batch; their attributes push it over the limit.
+        assert_eq!(batches(&[400, 400, 400], 1000), [0..2, 2..3]);
+        assert_eq!(batches(&[1000, 1, 1], 1000), [0..1, 1..3], "a message at the limit goes alone");
+        assert_eq!(batches(&[1; 25], 1000), [0..10, 10..20, 20..25]);
+        assert!(batches(&[], 1000).is_empty());
+    }
+
+    #[test]
+    fn queue_names_follow_sqs_rules() {
+        for ok in ["jobs", "jobs-dlq", "a_b-9.fifo", &"q".repeat(80)] {
+            assert!(check_queue_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".fifo", "with space", "dots.in.name", &"q".repeat(81)] {
+            assert_eq!(check_queue_name(bad).unwrap_err().kind(), ErrorKind::InvalidName, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_deferred_copy_adds_its_spent_attempts_to_its_receives() {
+        let with = |v: &str| HashMap::from([(ATTR_SPENT.to_owned(), string_attr(v))]);
+        assert_eq!(spent(&HashMap::new()), 0, "never deferred");
+        assert_eq!(spent(&with("3")), 3);
+        assert_eq!(spent(&with("not a number")), 0, "a producer's garbage costs no attempts");
+        let widest = string_attr(&u32::MAX.to_string());
+        assert!(COPY_ROOM >= ATTR_SPENT.len() + 6 + widest.string_value().unwrap().len(), "enqueue keeps room for it");
+        assert!(mentions("{}", Some(&with("7")), "7") && !mentions("{}", Some(&with("7")), "8"));
+    }
 }

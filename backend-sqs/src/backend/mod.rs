@@ -2,8 +2,8 @@
 //! records in a [`RecordStore`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
@@ -12,20 +12,20 @@ use aws_sdk_sqs::types::{
     MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
 };
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
+use redrive_core::broker::{BrokerCore, HISTORY_ROOM, Held};
 use redrive_core::{
     AttemptError, Backend, Capabilities, Claim, Claimed, Counts, Dedupe, Enqueue, Enqueued, Envelope, Error, ErrorKind,
-    FailureId, FailureRecord, IdempotencyKey, JobId, Kinds, Lease, NewJob, QueueStats, RecordState, RecordStore, Renew,
-    Result,
+    FailureId, FailureRecord, IdempotencyKey, JobId, Kinds, Lease, NewJob, QueueStats, RecordStore, Renew, Result,
 };
 use serde_json::Value;
 use tracing::warn;
 
+mod claim;
+mod dead_letters;
 mod message;
-mod records;
 
+use self::dead_letters::carried_job;
 use self::message::*;
-use self::records::carried_job;
-use redrive_core::broker::HISTORY_ROOM;
 
 use crate::config::{QueueSetup, SqsConfig};
 use crate::delete::Deleter;
@@ -64,7 +64,8 @@ const MAX_VISIBILITY: Duration = Duration::from_secs(43_200);
 /// The longest `DelaySeconds` SQS accepts (15 min); a longer deferral comes back early and is
 /// deferred again.
 const MAX_DELAY: Duration = Duration::from_secs(900);
-/// Receives of the source queue [`SqsBackend::holds_text`] makes: short polls sample the queue.
+/// Receives of the source queue `SqsBackend::holds_text` makes: short polls sample the queue.
+#[cfg(feature = "test-hooks")]
 const LOOKS: usize = 5;
 
 /// redrive on Amazon SQS: the source queue carries the jobs; the failure records live in a
@@ -80,23 +81,18 @@ struct Inner {
     source: QueueInfo,
     dlq: QueueInfo,
     /// Where the failure records are, and this queue's name there (its ARN).
-    records: Arc<dyn RecordStore>,
-    scope: String,
+    core: BrokerCore,
     max_receive_count: u32,
     max_wait: Duration,
-    /// The latest receipt this process got for each message it holds: SQS accepts an old
-    /// receipt handle for some calls, so fencing within a process is done here.
-    held: Mutex<HashMap<String, Held>>,
+    /// The latest receipt this process got for each message it holds, by message id: SQS
+    /// accepts an old receipt handle for some calls, so fencing within a process is done here.
+    held: Held<Holding>,
     deleter: Deleter,
-    /// One drain of the DLQ at a time in a process (others take other messages).
-    draining: tokio::sync::Mutex<()>,
-    /// A test aid: replays stop between their send and closing the record.
-    fail_after_replay_send: AtomicBool,
     requests: Arc<AtomicU64>,
 }
 
-struct Held {
-    receipt: String,
+/// What this process keeps of a message it holds.
+struct Holding {
     /// The message as received, to send again on a deferral or to the DLQ. Dropped once the
     /// message is handed back by its visibility (retry, release), when the entry only fences.
     message: Option<Kept>,
@@ -105,7 +101,6 @@ struct Held {
     /// deferral has deleted the message, or its late settlement would act on a job now carried
     /// by the copy.
     supersedes: bool,
-    received: std::time::Instant,
 }
 
 /// A held message's body and attributes, exactly as received. Never logged.
@@ -115,11 +110,6 @@ struct Kept {
     /// The attempt this receive is (receive count plus [`ATTR_SPENT`]).
     attempt: u32,
 }
-
-/// Past this many held messages, entries older than [`HELD_FOR`] are dropped: a message retried
-/// here and finished by another process would otherwise stay forever.
-const HELD_MAX: usize = 10_000;
-const HELD_FOR: Duration = Duration::from_secs(15 * 60);
 
 #[derive(Debug, Clone)]
 struct QueueInfo {
@@ -135,23 +125,6 @@ impl std::fmt::Debug for SqsBackend {
 }
 
 impl SqsBackend {
-    async fn client(config: &SqsConfig, requests: &Arc<AtomicU64>) -> Client {
-        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-        if let Some(endpoint) = &config.endpoint {
-            loader = loader.endpoint_url(endpoint);
-        }
-        if let Some(region) = &config.region {
-            loader = loader.region(aws_config::Region::new(region.clone()));
-        }
-        if let Some((key, secret)) = &config.static_credentials {
-            let credentials = aws_sdk_sqs::config::Credentials::new(key, secret, None, None, "redrive-static");
-            loader = loader.credentials_provider(credentials);
-        }
-        let shared = loader.load().await;
-        let sqs = aws_sdk_sqs::config::Builder::from(&shared).interceptor(CountRequests(Arc::clone(requests))).build();
-        Client::from_conf(sqs)
-    }
-
     /// Connects to an existing queue and checks its setup, refusing what would lose data: no
     /// redrive policy, a missing dead-letter queue, a DLQ that does not keep messages longer than
     /// the source or takes smaller ones, a record store that is not ready (run its migrations).
@@ -160,7 +133,7 @@ impl SqsBackend {
     pub async fn connect(config: SqsConfig, records: impl RecordStore) -> Result<Self> {
         check_queue_name(&config.queue)?;
         let requests = Arc::new(AtomicU64::new(0));
-        let client = Self::client(&config, &requests).await;
+        let client = config.client(&requests).await;
         let source_url = queue_url(&client, &config.queue).await?;
         let attrs = queue_attributes(&client, &source_url).await?;
         let policy = attrs.get(&QueueAttributeName::RedrivePolicy).ok_or_else(|| {
@@ -210,9 +183,8 @@ impl SqsBackend {
         }
         // Records are kept under the source queue's ARN: unique across regions and accounts.
         let scope = attrs.get(&QueueAttributeName::QueueArn).cloned().unwrap_or_else(|| source_url.clone());
-        records.open_records(&scope).await.map_err(|e| {
-            Error::new(e.kind(), format!("the failure record store is not ready (has it been migrated?): {e}"))
-        })?;
+        let core = BrokerCore::new(Arc::new(records), scope);
+        core.check_store().await?;
         let info = |url: String, a: &HashMap<QueueAttributeName, String>| QueueInfo {
             url,
             fifo: a.get(&QueueAttributeName::FifoQueue).is_some_and(|v| v == "true"),
@@ -223,15 +195,12 @@ impl SqsBackend {
             inner: Arc::new(Inner {
                 source: info(source_url, &attrs),
                 dlq: info(dlq_url, &dlq_attrs),
-                records: Arc::new(records),
-                scope,
+                core,
                 max_receive_count,
                 max_wait: config.wait,
                 client,
-                held: Mutex::default(),
+                held: Held::new(),
                 deleter,
-                draining: tokio::sync::Mutex::new(()),
-                fail_after_replay_send: AtomicBool::new(false),
                 requests,
             }),
         })
@@ -242,7 +211,7 @@ impl SqsBackend {
     pub async fn setup(config: SqsConfig, setup: QueueSetup, records: impl RecordStore) -> Result<Self> {
         check_queue_name(&config.queue)?;
         let requests = Arc::new(AtomicU64::new(0));
-        let client = Self::client(&config, &requests).await;
+        let client = config.client(&requests).await;
         let suffix = if setup.fifo { ".fifo" } else { "" };
         let base = config.queue.strip_suffix(".fifo").unwrap_or(&config.queue).to_owned();
         let (source, dlq) = (format!("{base}{suffix}"), format!("{base}-dlq{suffix}"));
@@ -295,7 +264,7 @@ impl SqsBackend {
 
     /// The name this queue's records have in the [`RecordStore`]: the source queue's ARN.
     pub fn record_scope(&self) -> &str {
-        &self.inner.scope
+        self.inner.core.scope()
     }
 
     /// The largest message the source queue accepts, envelope and attributes included.
@@ -312,12 +281,10 @@ impl SqsBackend {
     /// a failure record, or in a message this process holds. A test aid (a purge forgets
     /// payloads): the source queue is sampled by a few receives that leave its messages visible
     /// to workers, but each counts a receive against the redrive policy; the DLQ is drained.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub async fn holds_text(&self, text: &str) -> Result<bool> {
-        let held_here = {
-            let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-            held.values().filter_map(|h| h.message.as_ref()).any(|k| mentions(&k.body, Some(&k.attrs), text))
-        };
+        let held_here =
+            self.inner.held.any(|h| h.message.as_ref().is_some_and(|k| mentions(&k.body, Some(&k.attrs), text)));
         if held_here {
             return Ok(true);
         }
@@ -340,14 +307,14 @@ impl SqsBackend {
             }
         }
         redrive_core::broker::drain(self).await?;
-        self.inner.records.records_mention(&self.inner.scope, text).await
+        self.inner.core.records().records_mention(self.inner.core.scope(), text).await
     }
 
     /// Replays stop between their send and closing the record, as a crash there would: a test
     /// aid for replays retried after such a failure.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn fail_replays_after_send(&self, fail: bool) {
-        self.inner.fail_after_replay_send.store(fail, Ordering::Relaxed);
+        self.inner.core.stop_replays_after_send(fail);
     }
 
     /// The largest message a job may be, attributes included: what the source takes, with room
@@ -431,160 +398,6 @@ impl SqsBackend {
         }
         let out = request.send().await.map_err(|e| sdk(e, what))?;
         Ok(JobId(out.message_id.unwrap_or_default()))
-    }
-
-    fn fence(&self, lease: &Lease) -> Result<()> {
-        let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        match held.get(&lease.job_id.0) {
-            Some(h) if h.receipt != lease.token => {
-                Err(Error::new(ErrorKind::LeaseLost, format!("message {} was received again since", lease.job_id)))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    fn forget(&self, lease: &Lease) {
-        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        if held.get(&lease.job_id.0).is_some_and(|h| h.receipt == lease.token) {
-            held.remove(&lease.job_id.0);
-        }
-    }
-
-    /// The held message behind `lease`, taken out of its entry: the caller sends it on or hands
-    /// the message back, and the entry goes on fencing with its receipt alone.
-    fn take_message(&self, lease: &Lease) -> Option<Kept> {
-        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.get_mut(&lease.job_id.0).filter(|h| h.receipt == lease.token).and_then(|h| h.message.take())
-    }
-
-    /// After a deferral deleted the message: its entry goes, unless it fences an older lease.
-    fn forget_deferred(&self, lease: &Lease) {
-        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        if held.get(&lease.job_id.0).is_some_and(|h| h.receipt == lease.token && !h.supersedes) {
-            held.remove(&lease.job_id.0);
-        }
-    }
-
-    /// Sends a copy of a held message (`body` and `attrs`) delayed by `delay` (at most SQS's 15
-    /// minutes), then deletes the original. The copy first: if the delete then fails, both are
-    /// delivered, which at-least-once delivery allows and the effect ledger dedupes; the other
-    /// order could lose the job.
-    async fn replace_by_copy(
-        &self,
-        lease: &Lease,
-        body: String,
-        attrs: HashMap<String, MessageAttributeValue>,
-        delay: Duration,
-        what: &str,
-    ) -> Result<()> {
-        self.inner
-            .client
-            .send_message()
-            .queue_url(&self.inner.source.url)
-            .message_body(body)
-            .set_message_attributes(Some(attrs))
-            .delay_seconds(delay.as_secs_f64().ceil() as i32)
-            .send()
-            .await
-            .map_err(|e| sdk(e, what))?;
-        self.forget_deferred(lease);
-        self.inner.deleter.delete(lease.token.clone()).await
-    }
-
-    /// Hands the message back by its visibility; its body is no longer needed here.
-    async fn hand_back(&self, lease: &Lease, after: Duration, what: &str) -> Result<()> {
-        self.set_visibility(lease, after, what).await?;
-        self.take_message(lease);
-        Ok(())
-    }
-
-    async fn set_visibility(&self, lease: &Lease, to: Duration, what: &str) -> Result<()> {
-        self.fence(lease)?;
-        self.inner
-            .client
-            .change_message_visibility()
-            .queue_url(&self.inner.source.url)
-            .receipt_handle(&lease.token)
-            .visibility_timeout(secs(to))
-            .send()
-            .await
-            .map_err(|e| sdk(e, what))?;
-        Ok(())
-    }
-
-    /// The record as a DLQ message: the job's body with the record in attributes, the error
-    /// cleaned of what SQS refuses and cut to fit the DLQ (a job from another producer may not
-    /// have left the room enqueue keeps).
-    async fn send_record_to_dlq(
-        &self,
-        lease: &Lease,
-        job_id: &JobId,
-        body: String,
-        record: &FailureRecord,
-        errors: &str,
-    ) -> Result<()> {
-        let mut last_error = record.last_error.as_str();
-        let attrs = |last_error: &str| {
-            HashMap::from([
-                (ATTR_KIND.to_owned(), string_attr(&record.kind)),
-                (ATTR_KEY.to_owned(), string_attr(record.key.as_str())),
-                (ATTR_PROVIDER_KEY.to_owned(), string_attr(&record.provider_key.to_string())),
-                (ATTR_ERROR.to_owned(), string_attr(last_error)),
-                (ATTR_ATTEMPTS.to_owned(), string_attr(&record.attempts.to_string())),
-                (
-                    ATTR_FAILED_AT.to_owned(),
-                    string_attr(&record.last_failed_at.to_rfc3339_opts(SecondsFormat::Millis, true)),
-                ),
-                (ATTR_SOURCE_ID.to_owned(), string_attr(&lease.job_id.0)),
-                (ATTR_JOB_ID.to_owned(), string_attr(&job_id.0)),
-                (ATTR_ERRORS.to_owned(), string_attr(errors)),
-            ])
-        };
-        let over = message_size(&body, &attrs(last_error)).saturating_sub(self.inner.dlq.max_message_size);
-        if over > 0 {
-            last_error = redrive_core::broker::cut(last_error, last_error.len().saturating_sub(over));
-        }
-        let attrs = attrs(last_error);
-        self.send_to(
-            &self.inner.dlq,
-            body,
-            attrs,
-            (&record.key, lease.job_id.0.clone()),
-            None,
-            "send to the dead-letter queue",
-        )
-        .await?;
-        Ok(())
-    }
-
-    fn claimed_from(&self, m: Message) -> Option<Claimed> {
-        let (id, receipt) = (m.message_id?, m.receipt_handle?);
-        let body = m.body.unwrap_or_default();
-        let attrs = m.message_attributes.unwrap_or_default();
-        let system = m.attributes.unwrap_or_default();
-        let receives: u32 =
-            system.get(&MessageSystemAttributeName::ApproximateReceiveCount).and_then(|v| v.parse().ok()).unwrap_or(1);
-        // A deferred copy starts its receive count afresh: the spent attempts travel with it.
-        let attempt = receives.saturating_add(spent(&attrs));
-        let sent = sent_at(&system);
-        // Not an envelope: handed over marked as such, so the worker records a decode failure
-        // without looking for a handler, with the body kept for a person to read.
-        let (env, undecodable) = carried_job(&id, &body, Some(&attrs), sent);
-        // A copy (deferred or retried) carries its job's id: the first message's.
-        let job_id = attrs.get(ATTR_JOB_ID).and_then(|v| v.string_value()).map_or_else(|| id.clone(), str::to_owned);
-        let job = redrive_core::broker::job_record(JobId(job_id), env, attempt, undecodable);
-        let message = Some(Kept { body, attrs, attempt });
-        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        if held.len() >= HELD_MAX {
-            held.retain(|_, h| h.received.elapsed() < HELD_FOR);
-        }
-        // An entry still holding its message was not settled: its lease may yet be presented.
-        let supersedes = held.get(&id).is_some_and(|h| h.message.is_some() || h.supersedes);
-        let entry = Held { receipt: receipt.clone(), message, supersedes, received: std::time::Instant::now() };
-        held.insert(id.clone(), entry);
-        drop(held);
-        // The effect ledger is not the queue: the worker asks it.
-        Some(Claimed { job, lease: Lease { job_id: JobId(id), token: receipt }, begun: None })
     }
 }
 
@@ -704,169 +517,6 @@ impl Backend for SqsBackend {
     }
 }
 
-impl Claim for SqsBackend {
-    /// SQS cannot receive by kind: `kinds` is ignored, and the worker defers what it has no
-    /// handler for.
-    async fn claim(&self, _kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
-        let long_poll = wait.min(self.inner.max_wait);
-        let out = self
-            .inner
-            .client
-            .receive_message()
-            .queue_url(&self.inner.source.url)
-            .max_number_of_messages(max.clamp(1, 10) as i32)
-            .wait_time_seconds(long_poll.as_secs() as i32)
-            .visibility_timeout(secs(lease))
-            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
-            .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .map_err(|e| sdk(e, "receive"))?;
-        let claimed: Vec<_> =
-            out.messages.unwrap_or_default().into_iter().filter_map(|m| self.claimed_from(m)).collect();
-        if claimed.is_empty() && long_poll < wait {
-            // Short polling: honour the caller's wait here rather than have it ask again at once.
-            tokio::time::sleep(wait - long_poll).await;
-        }
-        Ok(claimed)
-    }
-
-    async fn complete(&self, lease: &Lease, _result: Option<&Value>) -> Result<()> {
-        self.fence(lease)?;
-        self.inner.deleter.delete(lease.token.clone()).await?;
-        self.forget(lease);
-        Ok(())
-    }
-
-    /// Like a deferral, a copy sent with the delay and the original deleted, but this attempt
-    /// counted and its error added to the history the copy carries (`redrive-errors`), so that
-    /// the record keeps every failed attempt. FIFO queues, and delays over SQS's 15 minutes, wait
-    /// out the visibility instead: the attempt is counted, its error only logged.
-    async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
-        self.fence(lease)?;
-        if self.inner.source.fifo || delay > MAX_DELAY {
-            // The entry stays: this receipt fences an older one until the message is deleted.
-            return self.hand_back(lease, delay, "retry").await;
-        }
-        let Some(Kept { body, mut attrs, attempt }) = self.take_message(lease) else {
-            return self.set_visibility(lease, delay, "retry").await;
-        };
-        attrs.insert(ATTR_SPENT.to_owned(), string_attr(&attempt.to_string()));
-        attrs.entry(ATTR_JOB_ID.to_owned()).or_insert_with(|| string_attr(&lease.job_id.0));
-        let errors = history(&attrs, attempt, error);
-        attrs.insert(ATTR_ERRORS.to_owned(), string_attr(&errors));
-        self.replace_by_copy(lease, body, attrs, delay, "send the retried copy").await
-    }
-
-    /// A copy of the message, with the attempts spent before this receive, is sent with the
-    /// delay, then the original is deleted: the copy's receive count starts afresh, so no number
-    /// of deferrals reaches `maxReceiveCount`. FIFO queues refuse a per-message delay: there the
-    /// message waits out its visibility instead, and this receive stays counted.
-    async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
-        self.fence(lease)?;
-        if self.inner.source.fifo {
-            return self.hand_back(lease, delay, "defer").await;
-        }
-        let Some(Kept { body, mut attrs, attempt }) = self.take_message(lease) else {
-            // Only an entry dropped for age (a lease held past HELD_FOR among HELD_MAX others).
-            warn!(message = %lease.job_id, "the deferred message is no longer held here; it waits out its visibility, counted");
-            return self.set_visibility(lease, delay, "defer").await;
-        };
-        // The receive being deferred is given back: the copy has spent one less than this attempt.
-        attrs.insert(ATTR_SPENT.to_owned(), string_attr(&attempt.saturating_sub(1).to_string()));
-        attrs.entry(ATTR_JOB_ID.to_owned()).or_insert_with(|| string_attr(&lease.job_id.0));
-        self.replace_by_copy(lease, body, attrs, delay.min(MAX_DELAY), "send the deferred copy").await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        // The receive count cannot be undone: the attempt stays counted.
-        self.hand_back(lease, Duration::ZERO, "release").await
-    }
-
-    /// The record goes to the store (under the message's id, so that a repeat keeps it once),
-    /// then the message is deleted. With the store down, the message goes to the DLQ with the
-    /// record as attributes instead, and is drained into the store later.
-    async fn dead_letter(&self, claimed: &Claimed, error: &str) -> Result<Option<FailureRecord>> {
-        let lease = &claimed.lease;
-        self.fence(lease)?;
-        let job = &claimed.job;
-        // The message as received: the failed attempts it carries, and its body (a producer's
-        // unknown fields, or a body that is not an envelope), re-encoded only when the entry is gone.
-        let (kept_body, carried) = {
-            let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-            let kept = held.get(&lease.job_id.0).and_then(|h| h.message.as_ref().map(|k| (h, k)));
-            (
-                kept.filter(|(h, _)| h.receipt == lease.token).map(|(_, k)| k.body.clone()),
-                kept.map(|(_, k)| k.attrs.clone()).unwrap_or_default(),
-            )
-        };
-        let now = Utc::now();
-        let errors = history(&carried, job.attempt, error);
-        let record = FailureRecord {
-            id: FailureId(lease.job_id.0.clone()),
-            job_id: job.id.clone(),
-            kind: job.kind.clone(),
-            key: job.key.clone(),
-            provider_key: job.provider_key,
-            payload: job.payload.clone(),
-            // Cleaned (a terminal or SQS would choke on control characters) and cut; the rest
-            // is in the worker's log.
-            last_error: redrive_core::broker::last_error(error),
-            first_failed_at: carried_errors(Some(&carried)).first().map_or(now, |e| e.at),
-            errors: serde_json::from_str(&errors).unwrap_or_default(),
-            attempts: job.attempt,
-            cap: job.cap,
-            severity: job.severity,
-            last_failed_at: now,
-            state: RecordState::Open,
-        };
-        if let Err(e) = self.inner.records.keep_records(&self.inner.scope, std::slice::from_ref(&record)).await {
-            redrive_core::broker::store_down(job, &e);
-            let body = kept_body.unwrap_or_else(|| {
-                Envelope {
-                    v: redrive_core::envelope::ENVELOPE_VERSION,
-                    kind: job.kind.clone(),
-                    key: job.key.clone(),
-                    provider_key: job.provider_key,
-                    cap: job.cap,
-                    severity: job.severity,
-                    enqueued_at: job.enqueued_at,
-                    deadline: job.deadline,
-                    not_before: job.not_before,
-                    payload: job.payload.clone(),
-                }
-                .encode()
-            });
-            self.send_record_to_dlq(lease, &job.id, body, &record, &errors).await?;
-        }
-        // Then off the source. Not atomic: if this delete fails, the message comes back and is
-        // dead-lettered again under the same record id, which keeps it once.
-        self.inner
-            .client
-            .delete_message()
-            .queue_url(&self.inner.source.url)
-            .receipt_handle(&lease.token)
-            .send()
-            .await
-            .map_err(|e| sdk(e, "delete the dead-lettered message"))?;
-        self.forget(lease);
-        Ok(Some(record))
-    }
-
-    fn renewal(&self) -> Option<&impl Renew> {
-        Some(self)
-    }
-}
-
-impl Renew for SqsBackend {
-    /// `ChangeMessageVisibility`; the receipt handle stays the same.
-    async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
-        self.set_visibility(lease, by, "extend visibility").await?;
-        Ok(lease.clone())
-    }
-}
-
 impl QueueStats for SqsBackend {
     /// SQS's approximate counts of the source queue (on AWS they may lag by a minute). A message
     /// waiting out a retry's delay is invisible, so it counts as running; a message sent with a
@@ -901,15 +551,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn batches_count_attributes_and_keep_ten_at_most() {
-        // Bodies alone would fit one batch; their attributes push it over the limit.
-        assert_eq!(batches(&[400, 400, 400], 1000), [0..2, 2..3]);
-        assert_eq!(batches(&[1000, 1, 1], 1000), [0..1, 1..3], "a message at the limit goes alone");
-        assert_eq!(batches(&[1; 25], 1000), [0..10, 10..20, 20..25]);
-        assert!(batches(&[], 1000).is_empty());
-    }
-
-    #[test]
     fn a_batch_stopped_part_way_names_what_was_not_sent() {
         let jobs: Vec<NewJob> = (0..25)
             .map(|n| {
@@ -931,37 +572,6 @@ mod tests {
     }
 
     #[test]
-    fn queue_names_follow_sqs_rules() {
-        for ok in ["jobs", "jobs-dlq", "a_b-9.fifo", &"q".repeat(80)] {
-            assert!(check_queue_name(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", ".fifo", "with space", "dots.in.name", &"q".repeat(81)] {
-            assert_eq!(check_queue_name(bad).unwrap_err().kind(), ErrorKind::InvalidName, "{bad}");
-        }
-    }
-
-    #[test]
-    fn a_body_that_is_not_an_envelope_is_carried_as_it_is() {
-        let (env, undecodable) = carried_job("m-1", "<xml/>", None, Utc::now());
-        let why = undecodable.expect("not an envelope");
-        assert!(why.starts_with("the message body is not a redrive envelope: "), "{why}");
-        assert!(!why.contains("xml"), "the body is not quoted: {why}");
-        assert_eq!((env.key.as_str(), env.cap), ("sqs:message=m-1", 1));
-        assert_eq!(env.payload, Value::String("<xml/>".into()));
-    }
-
-    #[test]
-    fn a_deferred_copy_adds_its_spent_attempts_to_its_receives() {
-        let with = |v: &str| HashMap::from([(ATTR_SPENT.to_owned(), string_attr(v))]);
-        assert_eq!(spent(&HashMap::new()), 0, "never deferred");
-        assert_eq!(spent(&with("3")), 3);
-        assert_eq!(spent(&with("not a number")), 0, "a producer's garbage costs no attempts");
-        let widest = string_attr(&u32::MAX.to_string());
-        assert!(COPY_ROOM >= ATTR_SPENT.len() + 6 + widest.string_value().unwrap().len(), "enqueue keeps room for it");
-        assert!(mentions("{}", Some(&with("7")), "7") && !mentions("{}", Some(&with("7")), "8"));
-    }
-
-    #[test]
     fn every_attribute_is_documented_for_producers() {
         let doc = include_str!("../../../docs/envelope.md");
         for name in [
@@ -978,13 +588,5 @@ mod tests {
         ] {
             assert!(doc.contains(&format!("| `{name}` |")), "docs/envelope.md does not name the attribute {name}");
         }
-    }
-
-    #[test]
-    fn sdk_error_codes_map_to_kinds() {
-        use crate::error::classify;
-        assert_eq!(classify(Some("ReceiptHandleIsInvalid")).0, ErrorKind::LeaseLost);
-        assert_eq!(classify(Some("AWS.SimpleQueueService.NonExistentQueue")).0, ErrorKind::NotFound);
-        assert_eq!(classify(Some("RequestThrottled")).1, redrive_core::Retry::Temporary);
     }
 }

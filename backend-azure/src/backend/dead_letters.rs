@@ -1,4 +1,4 @@
-//! Failure records, kept in the [`RecordStore`] through the broker kit
+//! `Broker`: failure records, kept in the [`RecordStore`] through the broker kit
 //! ([`redrive_core::broker`]), which gives [`DeadLetter`](redrive_core::DeadLetter) and
 //! [`Replay`](redrive_core::Replay). The worker writes its records to the store directly; the
 //! poison queue is the intake for records written while the store was down and for messages
@@ -10,12 +10,8 @@ use redrive_core::{AttemptError, FailureId};
 use super::*;
 
 impl Broker for AzureBackend {
-    fn record_store(&self) -> &dyn RecordStore {
-        &*self.inner.records
-    }
-
-    fn record_scope(&self) -> &str {
-        &self.inner.scope
+    fn core(&self) -> &BrokerCore {
+        &self.inner.core
     }
 
     async fn receive_dead(&self, hide: Duration) -> Result<Vec<Drained>> {
@@ -59,14 +55,6 @@ impl Broker for AzureBackend {
         let text = self.outgoing(job)?;
         let (ttl, hidden) = (self.inner.options.time_to_live, self.send_delay(job));
         self.send(&self.inner.source, text, ttl, hidden, "replay").await
-    }
-
-    fn drain_lock(&self) -> &tokio::sync::Mutex<()> {
-        &self.inner.draining
-    }
-
-    fn stop_after_replay_send(&self) -> bool {
-        self.inner.fail_after_replay_send.load(Ordering::Relaxed)
     }
 }
 

@@ -1,4 +1,4 @@
-//! Failure records, kept in the [`RecordStore`] (the application's database) through the broker
+//! `Broker`: failure records, kept in the [`RecordStore`] (the application's database) through the broker
 //! kit ([`redrive_core::broker`]), which gives [`DeadLetter`](redrive_core::DeadLetter) and
 //! [`Replay`](redrive_core::Replay). The worker writes its records to the store directly; the
 //! DLQ is the intake for what the redrive policy moved (a worker that crashed on its last
@@ -9,12 +9,8 @@ use redrive_core::broker::{self, Broker, Drained, Known};
 use super::*;
 
 impl Broker for SqsBackend {
-    fn record_store(&self) -> &dyn RecordStore {
-        &*self.inner.records
-    }
-
-    fn record_scope(&self) -> &str {
-        &self.inner.scope
+    fn core(&self) -> &BrokerCore {
+        &self.inner.core
     }
 
     async fn receive_dead(&self, hide: Duration) -> Result<Vec<Drained>> {
@@ -92,14 +88,6 @@ impl Broker for SqsBackend {
     async fn send_replay(&self, job: &NewJob, record: &FailureId) -> Result<JobId> {
         self.send(job, format!("replay-{record}"), "replay").await
     }
-
-    fn drain_lock(&self) -> &tokio::sync::Mutex<()> {
-        &self.inner.draining
-    }
-
-    fn stop_after_replay_send(&self) -> bool {
-        self.inner.fail_after_replay_send.load(Ordering::Relaxed)
-    }
 }
 
 impl SqsBackend {
@@ -150,4 +138,19 @@ pub(super) fn carried_job(
     let attr = |name: &str| attrs.and_then(|a| a.get(name)).and_then(|v| v.string_value()).map(str::to_owned);
     let known = Known { kind: attr(ATTR_KIND), key: attr(ATTR_KEY), provider_key: attr(ATTR_PROVIDER_KEY) };
     broker::carried_job("sqs", id, body, known, sent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_that_is_not_an_envelope_is_carried_as_it_is() {
+        let (env, undecodable) = carried_job("m-1", "<xml/>", None, Utc::now());
+        let why = undecodable.expect("not an envelope");
+        assert!(why.starts_with("the message body is not a redrive envelope: "), "{why}");
+        assert!(!why.contains("xml"), "the body is not quoted: {why}");
+        assert_eq!((env.key.as_str(), env.cap), ("sqs:message=m-1", 1));
+        assert_eq!(env.payload, Value::String("<xml/>".into()));
+    }
 }

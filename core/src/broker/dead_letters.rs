@@ -1,0 +1,119 @@
+//! [`DeadLetter`] and [`Replay`] for every [`Broker`]: records read from the store, the
+//! dead-letter queue drained into it first; a replay taken in the store, sent, then closed.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use tracing::info;
+
+use super::convert::NOT_AN_ENVELOPE;
+use super::{Broker, drain};
+use crate::backend::{
+    DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayOutcome, require_audit,
+};
+use crate::error::{Error, ErrorKind, Result, Retry};
+use crate::job::NewJob;
+use crate::records::Taken;
+
+/// How long a replay holds its record: a second replay within it sends nothing; a replay that
+/// died between taking the record and closing it leaves the record open again after it.
+pub const REPLAY_WINDOW: Duration = Duration::from_secs(300);
+
+impl<B: Broker> DeadLetter for B {
+    /// Drains the dead-letter queue into the store on the first page, then reads the store.
+    async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
+        if query.after.is_none() {
+            drain(self).await?;
+        }
+        self.core().records().records(self.core().scope(), query).await
+    }
+
+    async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
+        let core = self.core();
+        match core.records().record(core.scope(), id).await {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                drain(self).await?;
+                core.records().record(core.scope(), id).await
+            }
+            found => found,
+        }
+    }
+
+    async fn count_open(&self) -> Result<u64> {
+        drain(self).await?;
+        self.core().records().open_records(self.core().scope()).await
+    }
+
+    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        require_audit("a discard's reason", reason)?;
+        require_audit("a discard's actor", actor)?;
+        let record = self.get(id).await?;
+        let state = RecordState::Discarded { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
+        let core = self.core();
+        if core.records().close_record(core.scope(), id, &state).await?.is_none() {
+            info!(record = %id, kind = %record.kind, key = %record.key, actor, reason, "failure record discarded");
+        }
+        self.forget_dead(id).await
+    }
+
+    async fn purge(&self, age: Duration) -> Result<u64> {
+        drain(self).await?;
+        self.purge_dead(age).await?;
+        self.core().records().purge_records(self.core().scope(), age).await
+    }
+}
+
+impl<B: Broker> Replay for B {
+    /// Takes the record in the store (so that no other replay, in any process, sends it), sends
+    /// the job back with its original keys, then closes the record. Retried after a failure
+    /// past the send, within five minutes, it sends nothing more; a replay that died before
+    /// closing leaves the record open again after five minutes, and a replay then sends it
+    /// again (the effect ledger keeps the effect to one).
+    async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
+        require_audit("a replay's actor", actor)?;
+        let record = self.get(id).await?;
+        if !record.state.is_open() {
+            return Ok(ReplayOutcome::AlreadyClosed(record.state));
+        }
+        if record.last_error.starts_with(NOT_AN_ENVELOPE) {
+            // Sent back wrapped in an envelope, its body would reach a handler as a job.
+            return Err(Error::new(
+                ErrorKind::Decode,
+                format!(
+                    "record {id} holds a message body that is not a redrive envelope: it cannot be replayed; \
+                     enqueue the corrected job and discard the record"
+                ),
+            ));
+        }
+        // Checked before the take: a job that cannot be sent leaves the record as it was.
+        let mut job =
+            NewJob::new(record.kind.clone(), record.key.clone(), record.payload.clone())?.with_cap(record.cap);
+        job.provider_key = record.provider_key;
+        job.severity = record.severity;
+        self.check_job(&job)?;
+        let core = self.core();
+        let (store, scope) = (core.records(), core.scope());
+        if let Taken::Closed(state) = store.take_for_replay(scope, id, REPLAY_WINDOW).await? {
+            return Ok(ReplayOutcome::AlreadyClosed(state));
+        }
+        let sent = match self.send_replay(&job, id).await {
+            Ok(sent) => sent,
+            Err(e) => {
+                // Refused by the broker (the sender's fault): nothing was sent, the record is open
+                // again at once. A timeout or a server error may have sent it: the record stays
+                // taken until the window lapses, so that a retry now sends nothing twice.
+                if e.retry() == Retry::Permanent {
+                    let _ = store.close_record(scope, id, &RecordState::Open).await;
+                }
+                return Err(e);
+            }
+        };
+        if core.replay_stops_after_send() {
+            return Err(Error::temporary("injected: the replay stopped after its send"));
+        }
+        let replayed = RecordState::Replayed { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
+        store.close_record(scope, id, &replayed).await?;
+        info!(record = %id, kind = %record.kind, key = %record.key, job = %sent, actor, reason, "failure record replayed");
+        Ok(ReplayOutcome::Replayed(sent))
+    }
+}
