@@ -527,7 +527,6 @@ impl Backend for QStashBackend {
             crash_refunds: false,
             claim_by_kind: true,
             min_lease: Duration::from_millis(10),
-            push_delivery: true,
             max_delay: Some(MAX_DELAY),
         }
     }

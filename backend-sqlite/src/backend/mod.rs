@@ -454,7 +454,6 @@ impl Backend for SqliteBackend {
             crash_refunds: true,
             claim_by_kind: true,
             min_lease: Duration::from_millis(1),
-            push_delivery: false,
             // `ready_at`: a scheduled job is not claimable before it.
             max_delay: Some(Duration::MAX),
         }
