@@ -236,7 +236,7 @@ impl SqliteBackend {
     }
 
     /// Whether `text` appears in any of redrive's tables (a test aid: a purge forgets payloads).
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub async fn holds_text(&self, text: &str) -> Result<bool> {
         let probe = "SELECT EXISTS (
             SELECT 1 FROM redrive_jobs WHERE instr(payload, ?1) OR instr(errors, ?1)
