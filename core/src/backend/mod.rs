@@ -18,6 +18,10 @@
 //!
 //! An attempt is a handler start. A backend counts one at claim, and gives it back where it can
 //! when the handler never started: [`Claim::defer`] always does, [`Claim::release`] and the
+//! return of a lapsed claim where [`Capabilities`] say so.
+//!
+//! Each contract is in a file of its own, with the types it speaks in; they are all re-exported
+//! here.
 
 mod claim;
 mod dead_letter;
