@@ -121,6 +121,29 @@ pub mod prelude {
 ///   a replay sends it), and carry jobs in an [`Envelope`].
 /// - [`require_audit`] is the check every backend makes before a discard or a replay.
 /// - [`BoxFuture`] is the boxed future of the object-safe traits ([`RecordStore`], alert sinks).
+///
+/// A backend starts by saying what it can do; the conformance suite then holds it to each promise:
+///
+/// ```
+/// use redrive_core::kit::{Backend, Capabilities, Dedupe};
+///
+/// struct MyQueue;
+///
+/// impl Backend for MyQueue {
+///     fn capabilities(&self) -> Capabilities {
+///         // A broker-like queue: both copies of a key delivered, ten jobs a claim, batches
+///         // that may half succeed, claims of any kind.
+///         Capabilities {
+///             dedupe: Dedupe::None,
+///             max_claim: 10,
+///             atomic_batch: false,
+///             claim_by_kind: false,
+///             ..Capabilities::default()
+///         }
+///     }
+/// }
+/// # let _ = MyQueue.capabilities();
+/// ```
 pub mod kit {
     pub use crate::alert::BoxFuture;
     pub use crate::backend::{
