@@ -12,7 +12,9 @@ use redrive_core::{
 };
 use serde_json::json;
 
-use crate::harness::{Fault, Freeze, Handles, LogWatch, OtherProbe, Probe, Run, ensure};
+use crate::frozen::Freeze;
+use crate::harness::{Fault, Handles, OtherProbe, Probe, Run, ensure};
+use crate::logs::LogWatch;
 use crate::{Outcome, Queue, Subject};
 
 /// Waits until the handler of probe `id` has started.

@@ -9,8 +9,10 @@
 //! ([`Report`]). It passes when nothing is lost, duplicated or unexpected, and the scenario's own
 //! checks hold.
 //!
-//! The first fourteen are the promise under ordinary operation; the rest are the **fault half**:
+//! The first fourteen are the promise under ordinary operation; then comes the **fault half**:
 //! the same promise while renewals stall, the ledger is down, workers die or run only some kinds.
+//! The last four hold the backend to the [`Capabilities`](redrive_core::Capabilities) it declares
+//! that nothing else reads: each capability is a promise the suite checks.
 //!
 //! | # | scenario | the invariant |
 //! |---|---|---|
@@ -44,6 +46,10 @@
 //! | 28 | [`settle_retried`] | one worker's completions refused as busy for three leases, a second worker beside it: each job claimed once, its effect once |
 //! | 29 | [`payload_limits`] | payloads at the limit, multibyte across it, awkward characters: delivered byte for byte or refused typed |
 //! | 30 | [`no_receipt_in_logs`] | receipts, pop receipts and lease tokens, stale ones included: in no log line or error |
+//! | 31 | [`atomic_batch`] | a batch refused for one job: none of it stored where `atomic_batch` is declared |
+//! | 32 | [`claim_by_kind`] | a claim for one kind: no other kind where `claim_by_kind` is declared; handed back at no cost where not |
+//! | 33 | [`crash_refunds`] | a claim that lapses unstarted: the attempt given back where `crash_refunds` is declared, charged where not |
+//! | 34 | [`max_delay`] | a job scheduled within `max_delay` is held back by the backend; past it, claimed early only with its time |
 //!
 //! # Running it against your backend
 //!
@@ -79,14 +85,19 @@
 //! worker, kills it with SIGKILL while its handlers run, and checks that a second worker finishes
 //! every job once. It is not in [`suite!`]: its documentation shows the test to write.
 
+mod capabilities;
 mod faults;
 mod flaky;
+mod frozen;
 mod harness;
+mod leases;
 mod limits;
+mod logs;
 mod process;
 mod receipts;
 mod records;
 mod scenarios;
+mod schedule;
 mod settling;
 
 use std::fmt;
@@ -95,15 +106,18 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use capabilities::{atomic_batch, claim_by_kind, crash_refunds, max_delay};
 pub use faults::*;
 pub use flaky::FlakyStore;
 pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
+pub use leases::{dead_worker, graceful_shutdown, slow_handler, stale_lease, stranded_claims};
 pub use limits::*;
 pub use process::{EnqueueJobs, hang_until_killed, is_killed_child, kill_worker_mid_job};
 pub use receipts::*;
 pub use records::check_record_store;
 use redrive_core::{Claim, DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};
 pub use scenarios::*;
+pub use schedule::{expired, scheduled};
 pub use settling::settle_retried;
 
 /// What a queue must implement to be tested.
@@ -255,7 +269,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 30] = [
+pub const SCENARIOS: [&str; 34] = [
     "replay",
     "race",
     "exhaust",
@@ -286,6 +300,10 @@ pub const SCENARIOS: [&str; 30] = [
     "settle_retried",
     "payload_limits",
     "no_receipt_in_logs",
+    "atomic_batch",
+    "claim_by_kind",
+    "crash_refunds",
+    "max_delay",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -297,7 +315,7 @@ macro_rules! suite {
             dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims slow_handler
             stalled_heartbeat busy_never_dead_letters ledger_outage provider_key_once mixed_kinds crash_loop
             alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled
-            settle_retried payload_limits no_receipt_in_logs);
+            settle_retried payload_limits no_receipt_in_logs atomic_batch claim_by_kind crash_refunds max_delay);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

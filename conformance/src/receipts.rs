@@ -10,7 +10,9 @@ use std::time::Duration;
 use redrive_core::{Begin, Claim, Claimed, Hold, IdempotencyKey, Kinds, Lease, Ledger, ProviderKey, Renew};
 use serde_json::Value;
 
-use crate::harness::{Fault, LogWatch, Probe, Run, ensure, forward_capabilities_and_records, forward_settlements};
+use crate::frozen::{forward_capabilities_and_records, forward_settlements};
+use crate::harness::{Fault, Probe, Run, ensure};
+use crate::logs::LogWatch;
 use crate::{Outcome, Queue, Subject};
 
 /// A token, and whether a log line has held it.

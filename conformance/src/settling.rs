@@ -9,7 +9,8 @@ use std::time::Duration;
 use redrive_core::{Claim, Claimed, Error, IdempotencyKey, Kinds, Lease, Ledger, Renew};
 use tokio::time::Instant;
 
-use crate::harness::{Probe, Run, ensure, forward_capabilities_and_records, forward_settlements};
+use crate::frozen::{forward_capabilities_and_records, forward_settlements};
+use crate::harness::{Probe, Run, ensure};
 use crate::{Outcome, Queue, Subject};
 
 /// Behaviour 28: Every completion of one worker is refused with a temporary error ("database is

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use redrive_conformance::{Subject, Timing};
 use redrive_core::{
     Backend, Begin, Capabilities, Claim, Claimed, DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery,
@@ -17,9 +18,15 @@ use redrive_core::{
 };
 use serde_json::Value;
 
-/// The in-memory backend with some faults, and the jobs it handed out (by lease token).
+/// The in-memory backend with some faults, the jobs it handed out (by lease token), and the
+/// times of the jobs it keeps apart from them (by key).
 #[derive(Clone)]
-struct Broken(MemoryBackend, &'static [Fault], Arc<Mutex<HashMap<String, Claimed>>>);
+struct Broken(
+    MemoryBackend,
+    &'static [Fault],
+    Arc<Mutex<HashMap<String, Claimed>>>,
+    Arc<Mutex<HashMap<IdempotencyKey, DateTime<Utc>>>>,
+);
 
 #[derive(Clone, Copy, PartialEq)]
 enum Fault {
@@ -69,11 +76,25 @@ enum Fault {
     /// A replayed record reads without who replayed it and why, as a store without the columns
     /// would keep it.
     ReplayForgetsWho,
+    /// A batch is enqueued one job at a time and stops at the first refusal: the jobs before it
+    /// stay, as a broker's batch call that is not a transaction leaves them.
+    BatchOneByOne,
+    /// Each claim marks its jobs started at once: a claim that lapses before its handler started
+    /// is charged, as on a queue that counts receives.
+    ClaimsStart,
+    /// Enqueue drops a job's time: a scheduled job is ready at once, and claimed without it.
+    IgnoresSchedule,
+    /// Not a fault: enqueue keeps a job's time apart and makes the job ready at once; claims
+    /// carry the time, as a broker's past its delay cap do, for the worker to wait.
+    WorkerSchedules,
+    /// Not a fault: declares what a broker does (no atomic batch, no claim by kind, no crash
+    /// refunds, no delay of its own), so that the suite holds it to less.
+    DeclaresLess,
 }
 
 impl Broken {
     fn new(backend: MemoryBackend, faults: &'static [Fault]) -> Self {
-        Self(backend, faults, Arc::default())
+        Self(backend, faults, Arc::default(), Arc::default())
     }
 
     fn has(&self, fault: Fault) -> bool {
@@ -86,7 +107,11 @@ const DECLARED: usize = 256 * 1024;
 
 impl Backend for Broken {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { max_payload: DECLARED, ..self.0.capabilities() }
+        let declared = Capabilities { max_payload: DECLARED, ..self.0.capabilities() };
+        if !self.has(Fault::DeclaresLess) {
+            return declared;
+        }
+        Capabilities { atomic_batch: false, claim_by_kind: false, crash_refunds: false, max_delay: None, ..declared }
     }
 }
 
@@ -104,6 +129,14 @@ impl Broken {
         {
             *body = body.replace(['\u{0}', '\u{FFFE}', '\u{FFFF}'], "\u{FFFD}");
         }
+        if self.has(Fault::WorkerSchedules)
+            && let Some(at) = job.not_before
+        {
+            self.3.lock().unwrap().insert(job.key.clone(), at);
+        }
+        if self.has(Fault::IgnoresSchedule) || self.has(Fault::WorkerSchedules) {
+            job.not_before = None;
+        }
         Ok(Some(job))
     }
 }
@@ -120,6 +153,13 @@ impl Enqueue for Broken {
         for job in jobs {
             kept.extend(self.mangle(job)?);
         }
+        if self.has(Fault::BatchOneByOne) {
+            let mut answers = Vec::new();
+            for job in kept {
+                answers.push(self.0.enqueue(job).await?);
+            }
+            return Ok(answers);
+        }
         self.0.enqueue_batch(kept).await
     }
 }
@@ -132,7 +172,17 @@ impl Claim for Broken {
             () => lease,
         };
         let kinds = if self.has(Fault::IgnoresKinds) { &Kinds::Any } else { kinds };
-        let claimed = self.0.claim(kinds, max, lease, wait).await?;
+        let mut claimed = self.0.claim(kinds, max, lease, wait).await?;
+        if self.has(Fault::WorkerSchedules) {
+            for c in &mut claimed {
+                c.job.not_before = self.3.lock().unwrap().get(&c.job.key).copied();
+            }
+        }
+        if self.has(Fault::ClaimsStart) {
+            for c in &claimed {
+                self.0.renew(&c.lease, lease).await?;
+            }
+        }
         let mut handed = self.2.lock().unwrap();
         for c in &claimed {
             if self.has(Fault::LogsToken) {
@@ -436,6 +486,46 @@ async fn a_discard_without_a_reason_fails_discard_and_purge() {
 async fn a_replay_that_forgets_who_fails_recover() {
     let violation = redrive_conformance::recover(broken(&[Fault::ReplayForgetsWho], timing())).await.unwrap_err();
     assert!(violation.message.contains("closed as replayed by ops@example.com"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_keeps_the_jobs_before_a_refusal_fails_atomic_batch() {
+    let violation = redrive_conformance::atomic_batch(broken(&[Fault::BatchOneByOne], timing())).await.unwrap_err();
+    assert!(violation.message.contains("stores all of a batch or none"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_every_kind_fail_claim_by_kind() {
+    let violation = redrive_conformance::claim_by_kind(broken(&[Fault::IgnoresKinds], timing())).await.unwrap_err();
+    assert!(violation.message.contains("takes only the kinds asked for"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_charged_when_they_lapse_unstarted_fail_crash_refunds() {
+    let violation = redrive_conformance::crash_refunds(broken(&[Fault::ClaimsStart], timing())).await.unwrap_err();
+    assert!(violation.message.contains("declares crash_refunds gives the attempt back"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_dropped_at_enqueue_fails_max_delay() {
+    let violation = redrive_conformance::max_delay(broken(&[Fault::IgnoresSchedule], timing())).await.unwrap_err();
+    assert!(violation.message.contains("the backend holds such a job back itself"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_dropped_where_the_worker_waits_fails_max_delay() {
+    let subject = broken(&[Fault::DeclaresLess, Fault::IgnoresSchedule], timing());
+    let violation = redrive_conformance::max_delay(subject).await.unwrap_err();
+    assert!(violation.message.contains("the worker cannot put it back"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_declares_less_is_held_to_less() {
+    let less = |fault| broken(Box::leak(Box::new([Fault::DeclaresLess, fault])), timing());
+    redrive_conformance::check(redrive_conformance::atomic_batch(less(Fault::BatchOneByOne)).await);
+    redrive_conformance::check(redrive_conformance::claim_by_kind(less(Fault::IgnoresKinds)).await);
+    redrive_conformance::check(redrive_conformance::crash_refunds(less(Fault::ClaimsStart)).await);
+    redrive_conformance::check(redrive_conformance::max_delay(less(Fault::WorkerSchedules)).await);
 }
 
 /// The memory backend behind a [`Broken`] takes payloads four times the declared limit, so that

@@ -1,14 +1,59 @@
 //! redrive-core: the contracts, the key and attempt logic, the worker and the in-memory backend
 //! of [redrive](https://docs.rs/redrive).
 //!
+//! # Two faces
+//!
+//! Core is read by two people, and shows each one face.
+//!
+//! **An application** enqueues jobs, runs a worker and looks after failure records. Its items are
+//! at the crate root, and [`prelude`] gathers the ones nearly every application names:
+//!
+//! ```
+//! use redrive_core::prelude::*;
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct SendReceipt {
+//!     order: u64,
+//! }
+//!
+//! impl Job for SendReceipt {
+//!     const KIND: &'static str = "send_receipt";
+//!     fn key(&self, key: KeyBuilder) -> KeyBuilder {
+//!         key.fact("order", self.order)
+//!     }
+//! }
+//!
+//! # async fn run() -> Result<()> {
+//! let backend = MemoryBackend::new();
+//! backend.enqueue_job(&SendReceipt { order: 42 }).await?;
+//! let worker = Worker::builder(backend.clone(), backend)
+//!     .handle::<SendReceipt>(|job: SendReceipt, ctx: JobContext| async move {
+//!         let _ = (job.order, ctx.provider_key);
+//!         Ok::<_, JobError>(())
+//!     })
+//!     .build()
+//!     .start();
+//! worker.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! - [`IdempotencyKey`]: one stable ID per intended effect, from business facts.
 //! - [`Job`]: a typed job declares its kind, its key, its cap and severity.
-//! - [`Backend`], [`Enqueue`], [`Claim`], [`Renew`], [`DeadLetter`], [`Replay`], [`Ledger`]: what a
-//!   backend implements (contract v2; see `docs/ARCHITECTURE.md`).
-//! - [`RecordStore`]: where a broker backend (SQS, Azure) keeps its failure records; [`broker`]:
-//!   what broker backends share, [`DeadLetter`] and [`Replay`] included.
+//! - [`Enqueue`], [`DeadLetter`], [`Replay`], [`QueueStats`] and their conveniences
+//!   [`EnqueueExt`], [`ReplayExt`], [`QueueStatsExt`]: what an application calls on a backend.
 //! - [`Worker`]: claim → decode → ledger check → handler → complete, retry or failure record.
+//! - [`AlertSink`]: where the worker announces a failure record.
+//! - [`Error`]: one error type, with an [`ErrorKind`] and a [`Retry`] flag.
 //! - [`MemoryBackend`]: every contract in memory, the reference and the embedded default.
+//!
+//! **A backend author** implements the contracts (contract v2; see `docs/ARCHITECTURE.md` and
+//! `docs/new-backend.md`). What only they need is in [`kit`]: [`kit::Backend`] and the
+//! [`kit::Capabilities`] it declares, [`kit::Claim`] with its [`kit::Lease`]s and
+//! [`kit::Kinds`], [`kit::Renew`], the effect ledger ([`kit::Ledger`], [`kit::Hold`],
+//! [`kit::Begin`]), and for a message-queue backend the broker kit ([`kit::broker`]) with its
+//! [`kit::RecordStore`] and wire [`kit::Envelope`]. The conformance suite (`redrive-conformance`)
+//! holds a backend to every promise its capabilities make.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -42,3 +87,71 @@ pub use memory::MemoryBackend;
 pub use policy::{Backoff, Decision, Outcome, RetryPolicy};
 pub use records::{RecordStore, Taken};
 pub use worker::{Handler, RunningWorker, Worker, WorkerBuilder, WorkerConfig, WorkerStats, stop_signal};
+
+/// What an application imports: `use redrive_core::prelude::*;`.
+///
+/// Jobs and their keys, the worker, the calls an application makes on a backend (the traits
+/// whose methods it calls, with their conveniences), errors, and the in-memory backend. Nothing a
+/// backend author alone needs: that is [`kit`].
+pub mod prelude {
+    pub use crate::alert::{Alert, AlertSink};
+    pub use crate::backend::{
+        DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId, FailureQuery, FailureRecord, QueueStats, QueueStatsExt,
+        RecordState, Replay, ReplayExt, ReplayOutcome,
+    };
+    pub use crate::error::{Error, ErrorKind, Result};
+    pub use crate::job::{Job, JobContext, JobError, JobId, NewJob, Severity};
+    pub use crate::key::{IdempotencyKey, KeyBuilder, ProviderKey};
+    pub use crate::memory::MemoryBackend;
+    pub use crate::worker::{RunningWorker, Worker, WorkerConfig};
+}
+
+/// What only a backend author needs: the contracts a backend implements beyond what an
+/// application calls, and the parts backends share.
+///
+/// - [`Backend`] declares the backend's [`Capabilities`] (its [`Dedupe`] among them); the worker
+///   and the conformance suite read them, and the suite holds the backend to each.
+/// - [`Claim`] takes jobs ([`Claimed`]) of some [`Kinds`] under a [`Lease`] and settles them;
+///   [`Renew`] extends a lease where the backend can ([`NoRenewal`] where it cannot). A claimed
+///   job is a [`JobRecord`]; its error history is a list of [`AttemptError`]s.
+/// - [`Ledger`] is the effect ledger: [`Begin`] says what a key's [`Hold`] found. Its entries
+///   compare payloads by [`payload_fingerprint`].
+/// - [`broker`] is what message-queue backends (SQS, Azure, QStash) share: they implement its
+///   `Broker` calls and keep failure records in a [`RecordStore`] (a record is [`Taken`] while
+///   a replay sends it), and carry jobs in an [`Envelope`].
+/// - [`require_audit`] is the check every backend makes before a discard or a replay.
+/// - [`BoxFuture`] is the boxed future of the object-safe traits ([`RecordStore`], alert sinks).
+///
+/// A backend starts by saying what it can do; the conformance suite then holds it to each promise:
+///
+/// ```
+/// use redrive_core::kit::{Backend, Capabilities, Dedupe};
+///
+/// struct MyQueue;
+///
+/// impl Backend for MyQueue {
+///     fn capabilities(&self) -> Capabilities {
+///         // A broker-like queue: both copies of a key delivered, ten jobs a claim, batches
+///         // that may half succeed, claims of any kind.
+///         Capabilities {
+///             dedupe: Dedupe::None,
+///             max_claim: 10,
+///             atomic_batch: false,
+///             claim_by_kind: false,
+///             ..Capabilities::default()
+///         }
+///     }
+/// }
+/// # let _ = MyQueue.capabilities();
+/// ```
+pub mod kit {
+    pub use crate::alert::BoxFuture;
+    pub use crate::backend::{
+        AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Dedupe, Hold, Kinds, Lease, Ledger, NoRenewal,
+        Renew, require_audit,
+    };
+    pub use crate::broker;
+    pub use crate::envelope::Envelope;
+    pub use crate::job::{JobRecord, payload_fingerprint};
+    pub use crate::records::{RecordStore, Taken};
+}

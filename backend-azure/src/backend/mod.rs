@@ -275,7 +275,6 @@ impl Backend for AzureBackend {
             crash_refunds: false,
             claim_by_kind: false,
             min_lease: Duration::from_secs(1),
-            push_delivery: false,
             // A scheduled job is sent invisible until its time, up to 7 days (less than the
             // message's time to live); a later one comes early and the worker puts it back.
             max_delay: Some(self.max_hidden()).filter(|d| !d.is_zero()),

@@ -365,7 +365,6 @@ impl Backend for PgBackend {
             crash_refunds: true,
             claim_by_kind: true,
             min_lease: Duration::from_millis(1),
-            push_delivery: false,
             // `run_at`: a scheduled job is not claimable before it.
             max_delay: Some(Duration::MAX),
         }

@@ -204,7 +204,7 @@ impl SqliteBackend {
     }
 
     /// Whether `text` appears in any of redrive's tables (a test aid: a purge forgets payloads).
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub async fn holds_text(&self, text: &str) -> Result<bool> {
         let probe = "SELECT EXISTS (
             SELECT 1 FROM redrive_jobs WHERE instr(payload, ?1) OR instr(errors, ?1)
@@ -274,7 +274,6 @@ impl Backend for SqliteBackend {
             crash_refunds: true,
             claim_by_kind: true,
             min_lease: Duration::from_millis(1),
-            push_delivery: false,
             // `ready_at`: a scheduled job is not claimable before it.
             max_delay: Some(Duration::MAX),
         }

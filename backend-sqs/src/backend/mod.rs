@@ -508,7 +508,6 @@ impl Backend for SqsBackend {
             crash_refunds: false,
             claim_by_kind: false,
             min_lease: Duration::from_secs(1),
-            push_delivery: false,
             // Standard queues send a scheduled job with `DelaySeconds`, up to 15 minutes; a later
             // one comes early and the worker puts it back (deferrals of 15 minutes at most). FIFO
             // queues refuse a per-message delay: there the worker does all the waiting.

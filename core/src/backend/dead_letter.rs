@@ -1,0 +1,281 @@
+//! [`DeadLetter`] and [`Replay`]: failure records, read, closed and put back.
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::job::{JobId, Severity};
+use crate::key::{IdempotencyKey, ProviderKey};
+use crate::redact::debug_redacted;
+
+/// A backend's id for a failure record.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct FailureId(pub String);
+
+impl std::fmt::Display for FailureId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One failed attempt in a record's error history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptError {
+    /// The attempt's number.
+    pub attempt: u32,
+    /// When it failed.
+    pub at: DateTime<Utc>,
+    /// The error it ended with.
+    pub error: String,
+}
+
+/// Where a failure record stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "lowercase")]
+pub enum RecordState {
+    /// Waiting for a person.
+    Open,
+    /// Put back on the queue with its original keys.
+    Replayed {
+        /// When.
+        at: DateTime<Utc>,
+        /// Why (may be empty: a replay loses nothing). Empty on records replayed before replays
+        /// were audited, and while a broker's replay is being sent.
+        #[serde(default)]
+        reason: String,
+        /// Who.
+        #[serde(default)]
+        actor: String,
+    },
+    /// Closed without a replay.
+    Discarded {
+        /// When.
+        at: DateTime<Utc>,
+        /// Why.
+        reason: String,
+        /// Who.
+        actor: String,
+    },
+}
+
+impl RecordState {
+    /// Whether the record still waits for a person.
+    pub fn is_open(&self) -> bool {
+        matches!(self, Self::Open)
+    }
+}
+
+/// A dead-letter entry: everything a person needs to understand and replay the job.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    /// The record's id.
+    pub id: FailureId,
+    /// The failed job's id.
+    pub job_id: JobId,
+    /// The job kind.
+    pub kind: String,
+    /// The business-fact key, reused by a replay.
+    pub key: IdempotencyKey,
+    /// The provider key, reused by a replay.
+    pub provider_key: ProviderKey,
+    /// The full payload.
+    pub payload: Value,
+    /// The last attempt's error.
+    pub last_error: String,
+    /// Every failed attempt the backend kept, oldest first (may hold only the last).
+    pub errors: Vec<AttemptError>,
+    /// Attempts used.
+    pub attempts: u32,
+    /// The cap the job had.
+    pub cap: u32,
+    /// The job's alert severity.
+    pub severity: Severity,
+    /// The first failed attempt's time.
+    pub first_failed_at: DateTime<Utc>,
+    /// When the record was written.
+    pub last_failed_at: DateTime<Utc>,
+    /// Open, replayed or discarded.
+    pub state: RecordState,
+}
+
+/// Which records [`DeadLetter::list`] returns, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailureQuery {
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// Only the records of this idempotency key (a job dead-lettered, replayed and
+    /// dead-lettered again has several).
+    pub key: Option<IdempotencyKey>,
+    /// Only the records of this job (the id [`Enqueue`](super::Enqueue) answered, or [`JobContext::job_id`](crate::JobContext::job_id)).
+    pub job_id: Option<JobId>,
+    /// Only open records (`Some(true)`), only closed ones (`Some(false)`), or all.
+    pub open: Option<bool>,
+    /// Only records that failed before this time.
+    pub failed_before: Option<DateTime<Utc>>,
+    /// Records after this id (the last id of the previous page).
+    pub after: Option<FailureId>,
+    /// At most this many; `0` means 100.
+    pub limit: usize,
+}
+
+impl FailureQuery {
+    /// Open records of any kind, first page.
+    pub fn open() -> Self {
+        Self { open: Some(true), ..Self::default() }
+    }
+
+    /// Every record (open or closed) of `key`.
+    pub fn by_key(key: IdempotencyKey) -> Self {
+        Self { key: Some(key), ..Self::default() }
+    }
+
+    /// Every record (open or closed) of the job `id`.
+    pub fn by_job(id: JobId) -> Self {
+        Self { job_id: Some(id), ..Self::default() }
+    }
+
+    /// The page size, with the default applied.
+    pub fn page_size(&self) -> usize {
+        if self.limit == 0 { 100 } else { self.limit }
+    }
+
+    /// Whether `record` passes the filters (not the paging).
+    pub fn matches(&self, record: &FailureRecord) -> bool {
+        self.kind.as_ref().is_none_or(|k| *k == record.kind)
+            && self.key.as_ref().is_none_or(|k| *k == record.key)
+            && self.job_id.as_ref().is_none_or(|id| *id == record.job_id)
+            && self.open.is_none_or(|open| open == record.state.is_open())
+            && self.failed_before.is_none_or(|t| record.last_failed_at < t)
+    }
+}
+
+/// Reads and manages failure records without consuming them.
+pub trait DeadLetter: Send + Sync {
+    /// Records matching `query`, oldest first.
+    fn list(&self, query: &FailureQuery) -> impl Future<Output = Result<Vec<FailureRecord>>> + Send;
+
+    /// One record; [`NotFound`](crate::ErrorKind::NotFound) if it does not exist.
+    fn get(&self, id: &FailureId) -> impl Future<Output = Result<FailureRecord>> + Send;
+
+    /// How many records are open: the figure a health check or metric reads.
+    fn count_open(&self) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Closes an open record without replaying it, keeping why and who. A blank `reason` or
+    /// `actor` is refused ([`InvalidInput`](crate::ErrorKind::InvalidInput), see
+    /// [`require_audit`]): the work is dropped, and the record is what says why and by whom.
+    fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes records (any state) whose last failure is older than `age`, payloads included.
+    /// Returns how many.
+    fn purge(&self, age: Duration) -> impl Future<Output = Result<u64>> + Send;
+}
+
+/// What [`Replay::replay`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayOutcome {
+    /// The job is back on the queue with its original keys; the record is closed as replayed.
+    Replayed(JobId),
+    /// The record was already closed; nothing was enqueued.
+    AlreadyClosed(RecordState),
+}
+
+/// Puts failed jobs back.
+pub trait Replay: Send + Sync {
+    /// Replays one open record with its original keys and closes it as replayed, keeping why and
+    /// who, as a discard does. A blank `actor` is refused
+    /// ([`InvalidInput`](crate::ErrorKind::InvalidInput)); `reason` may be empty (a replay drops
+    /// nothing; its usual reason is the fix just deployed).
+    fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> impl Future<Output = Result<ReplayOutcome>> + Send;
+}
+
+/// Refuses `text` if it is blank: what a record keeps of who closed it (and why, for a discard).
+/// `what` names it in the error (`"a discard's reason"`). Every backend checks before it changes
+/// anything.
+pub fn require_audit(what: &str, text: &str) -> Result<()> {
+    if text.trim().is_empty() {
+        return Err(Error::new(ErrorKind::InvalidInput, format!("{what} is required: it stays with the record")));
+    }
+    Ok(())
+}
+
+/// Conveniences over [`Replay`] and [`DeadLetter`].
+pub trait ReplayExt: Replay + DeadLetter {
+    /// Replays every open record matching `query` (all pages), at most `per_second` a second,
+    /// each closed with `reason` and `actor` (see [`Replay::replay`]). Returns the jobs put back.
+    fn replay_matching(
+        &self,
+        query: &FailureQuery,
+        per_second: u32,
+        reason: &str,
+        actor: &str,
+    ) -> impl Future<Output = Result<Vec<JobId>>> + Send {
+        let mut query = FailureQuery { open: Some(true), after: None, ..query.clone() };
+        let gap = Duration::from_secs(1) / per_second.max(1);
+        async move {
+            require_audit("a replay's actor", actor)?;
+            let mut replayed = Vec::new();
+            let mut pace = tokio::time::interval(gap);
+            loop {
+                let page = self.list(&query).await?;
+                for record in &page {
+                    pace.tick().await;
+                    if let ReplayOutcome::Replayed(job) = self.replay(&record.id, reason, actor).await? {
+                        replayed.push(job);
+                    }
+                }
+                match page.last() {
+                    Some(last) if page.len() == query.page_size() => query.after = Some(last.id.clone()),
+                    _ => return Ok(replayed),
+                }
+            }
+        }
+    }
+}
+
+impl<T: Replay + DeadLetter + ?Sized> ReplayExt for T {}
+
+debug_redacted!(FailureRecord {
+    show: [
+        id,
+        job_id,
+        kind,
+        key,
+        provider_key,
+        last_error,
+        errors,
+        attempts,
+        cap,
+        severity,
+        first_failed_at,
+        last_failed_at,
+        state
+    ],
+    hide: [payload],
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replayed_state_kept_before_replays_were_audited_still_reads() {
+        // As broker stores kept it (JSON), and as a take reads until its replay closes it.
+        let old: RecordState = serde_json::from_str(r#"{"state":"replayed","at":"2026-01-02T03:04:05Z"}"#).unwrap();
+        assert!(matches!(old, RecordState::Replayed { reason, actor, .. } if reason.is_empty() && actor.is_empty()));
+    }
+
+    #[test]
+    fn blank_audit_text_is_refused_as_invalid_input() {
+        for blank in ["", " ", "\t\n"] {
+            let refused = require_audit("a discard's reason", blank).unwrap_err();
+            assert_eq!(refused.kind(), ErrorKind::InvalidInput);
+            assert!(refused.to_string().contains("a discard's reason is required"), "{refused}");
+        }
+        assert!(require_audit("a discard's reason", "refunded").is_ok());
+    }
+}

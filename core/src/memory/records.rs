@@ -1,0 +1,101 @@
+//! The in-memory failure records: listed, discarded, purged and replayed.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::time::Instant;
+
+use super::{MemoryBackend, Status, parse_id};
+use crate::backend::{
+    DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayOutcome, require_audit,
+};
+use crate::error::{Error, ErrorKind, Result};
+
+impl DeadLetter for MemoryBackend {
+    async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
+        let after = query.after.as_ref().map(|id| parse_id(&id.0)).transpose()?.unwrap_or(0);
+        let state = self.lock();
+        let page = state.records.range(after + 1..).map(|(_, r)| r).filter(|r| query.matches(r));
+        Ok(page.take(query.page_size()).cloned().collect())
+    }
+
+    async fn get(&self, id: &FailureId) -> Result<FailureRecord> {
+        let n = parse_id(&id.0)?;
+        self.lock()
+            .records
+            .get(&n)
+            .cloned()
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))
+    }
+
+    async fn count_open(&self) -> Result<u64> {
+        Ok(self.lock().records.values().filter(|r| r.state.is_open()).count() as u64)
+    }
+
+    async fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> Result<()> {
+        require_audit("a discard's reason", reason)?;
+        require_audit("a discard's actor", actor)?;
+        let n = parse_id(&id.0)?;
+        let mut state = self.lock();
+        let record = state
+            .records
+            .get_mut(&n)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))?;
+        if record.state.is_open() {
+            record.state =
+                RecordState::Discarded { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
+        }
+        Ok(())
+    }
+
+    async fn purge(&self, age: Duration) -> Result<u64> {
+        let horizon = Utc::now() - age;
+        let mut state = self.lock();
+        let purged: Vec<FailureRecord> = {
+            let old: Vec<u64> =
+                state.records.iter().filter(|(_, r)| r.last_failed_at < horizon).map(|(n, _)| *n).collect();
+            old.iter().filter_map(|n| state.records.remove(n)).collect()
+        };
+        // A failed job goes with its last record, payload, key and ledger entry: the key is free
+        // again. A job with a newer record (failed again after a replay) stays for it.
+        for record in &purged {
+            let Ok(id) = parse_id(&record.job_id.0) else { continue };
+            let recorded = state.records.values().any(|r| r.job_id == record.job_id);
+            if !recorded && state.jobs.get(&id).is_some_and(|j| j.status == Status::Failed) {
+                let job = state.jobs.remove(&id).expect("looked up above");
+                state.by_key.remove(&job.job.key);
+                state.ledger.remove(&job.job.key);
+            }
+        }
+        Ok(purged.len() as u64)
+    }
+}
+
+impl Replay for MemoryBackend {
+    async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
+        require_audit("a replay's actor", actor)?;
+        let n = parse_id(&id.0)?;
+        let mut state = self.lock();
+        let record =
+            state.records.get(&n).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no failure record {id}")))?;
+        if !record.state.is_open() {
+            return Ok(ReplayOutcome::AlreadyClosed(record.state.clone()));
+        }
+        let job_id = record.job_id.clone();
+        // Reset the existing job: a fresh enqueue with the same key would only find a duplicate.
+        let job = state
+            .jobs
+            .get_mut(&parse_id(&job_id.0)?)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, "the record's job is gone"))?;
+        job.attempts = 0;
+        job.errors.clear();
+        // A person asked for it to run: its deadline, if it had one, no longer applies.
+        job.job.deadline = None;
+        job.status = Status::Queued { ready_at: Instant::now() };
+        state.records.get_mut(&n).expect("looked up above").state =
+            RecordState::Replayed { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
+        drop(state);
+        self.work.notify_waiters();
+        Ok(ReplayOutcome::Replayed(job_id))
+    }
+}
