@@ -69,8 +69,8 @@ impl AlertSink for PrintAlerts {
 
 fn worker_on<Q, L>(queue: Q, ledger: L, mailer: &Arc<Mailer>, alerts: &Arc<Mutex<Vec<Alert>>>) -> redrive::RunningWorker
 where
-    Q: redrive::Claim + redrive::DeadLetter + 'static,
-    L: redrive::Ledger + 'static,
+    Q: redrive::kit::Claim + redrive::DeadLetter + 'static,
+    L: redrive::kit::Ledger + 'static,
 {
     let mailer = Arc::clone(mailer);
     Worker::builder(queue, ledger)

@@ -30,9 +30,10 @@
 
 use std::time::Duration;
 
+use redrive_core::kit::{Backend, Capabilities};
 use redrive_core::{
-    Backend, Capabilities, Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery,
-    FailureRecord, NewJob, QueueStats, Replay, ReplayOutcome, Result,
+    Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, NewJob,
+    QueueStats, Replay, ReplayOutcome, Result,
 };
 
 /// The backend a URL named. Every variant is the backend's own type, so an application that

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use redrive_azure::azure_storage_queue::models::{QueueClientReceiveMessagesOptions, QueueMessage};
 use redrive_azure::{AzureBackend, AzureConfig, QueueOptions};
+use redrive_core::kit::RecordStore;
 use redrive_core::{
-    DeadLetter, Enqueue, FailureQuery, FailureRecord, Job, JobContext, JobError, KeyBuilder, NewJob, RecordStore,
-    Replay, Worker, WorkerConfig,
+    DeadLetter, Enqueue, FailureQuery, FailureRecord, Job, JobContext, JobError, KeyBuilder, NewJob, Replay, Worker,
+    WorkerConfig,
 };
 use redrive_postgres::{PgBackend, PgConfig};
 use serde::{Deserialize, Serialize};
@@ -210,7 +211,7 @@ async fn records(account: &AzureConfig, name: &str, ledger: &PgBackend) -> BoxRe
     let poison = account.queue_client(&writer.poison_queue_name())?;
     for n in 0..MOVED {
         let job = NewJob::from_job(&Noop { n: WRITTEN + n })?;
-        let text = redrive_core::Envelope::new(&job).encode();
+        let text = redrive_core::kit::Envelope::new(&job).encode();
         poison.send_message(QueueMessage { message_text: Some(text) }.try_into()?, None).await?;
     }
     let drainer = connect().await?;

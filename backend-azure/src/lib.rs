@@ -1,6 +1,6 @@
 //! Azure Queue Storage backend for [redrive](https://docs.rs/redrive).
 //!
-//! The queue carries each job as its [JSON envelope](redrive_core::Envelope) in the message text
+//! The queue carries each job as its [JSON envelope](redrive_core::kit::Envelope) in the message text
 //! (or in base64, for queues shared with Azure Functions; either is read). What redrive carries
 //! across attempts (the receives given back by deferrals, the failed attempts' errors) is in the
 //! envelope's `redrive` member, written by Update Message. The attempt is Azure's dequeue count
@@ -15,7 +15,7 @@
 //! | renew | Update Message: Azure answers a new pop receipt, the new lease; a stale one is `LeaseLost` |
 //! | retry | Update Message: the visibility and the error added to the text |
 //! | defer, release | Update Message: the visibility and the receive given back, so never an attempt |
-//! | dead letter | the worker keeps the record in the [`RecordStore`](redrive_core::RecordStore) (the application's database), then deletes the message; with the store down, into `<queue>-poison` (never expires by default) |
+//! | dead letter | the worker keeps the record in the [`RecordStore`](redrive_core::kit::RecordStore) (the application's database), then deletes the message; with the store down, into `<queue>-poison` (never expires by default) |
 //! | failure records | read from the store: complete, paged, hiding nothing; the poison queue is drained into it first |
 //! | replay | take the record in the store (no other process sends it), send back with the original keys, close the record |
 //! | effect ledger | not here: pass your database's (e.g. `redrive-postgres`) to the worker |

@@ -5,8 +5,9 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use chrono::{DateTime, Utc};
-use redrive_core::broker::{self, Known};
-use redrive_core::{AttemptError, Envelope, Error, ErrorKind, FailureRecord, Result};
+use redrive_core::kit::broker::{self, Known};
+use redrive_core::kit::{AttemptError, Envelope};
+use redrive_core::{Error, ErrorKind, FailureRecord, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

@@ -10,9 +10,10 @@ use std::time::Duration;
 use redrive_azure::azure_storage_queue::models::{QueueClientReceiveMessagesOptions, QueueMessage};
 use redrive_azure::{AzureBackend, AzureConfig, QueueOptions};
 use redrive_conformance::FlakyStore;
+use redrive_core::kit::{Claim, Claimed, Kinds};
 use redrive_core::{
-    Claim, Claimed, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, Kinds, NewJob,
-    Replay, ReplayOutcome, RunningWorker, Worker, WorkerConfig,
+    DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob, Replay, ReplayOutcome,
+    RunningWorker, Worker, WorkerConfig,
 };
 use redrive_postgres::PgBackend;
 use serde::{Deserialize, Serialize};
@@ -119,12 +120,12 @@ async fn a_renewal_voids_the_old_pop_receipt_for_every_other_process_and_the_job
 }
 
 trait RenewLease {
-    async fn renew_lease(&self, claimed: &Claimed) -> redrive_core::Lease;
+    async fn renew_lease(&self, claimed: &Claimed) -> redrive_core::kit::Lease;
 }
 
 impl RenewLease for AzureBackend {
-    async fn renew_lease(&self, claimed: &Claimed) -> redrive_core::Lease {
-        use redrive_core::Renew;
+    async fn renew_lease(&self, claimed: &Claimed) -> redrive_core::kit::Lease {
+        use redrive_core::kit::Renew;
         self.renew(&claimed.lease, Duration::from_secs(30)).await.unwrap()
     }
 }
@@ -215,7 +216,7 @@ async fn base64_text_is_written_when_asked_and_read_either_way() {
     let text = peeked[0].message_text.clone().unwrap();
     assert!(!text.contains('{'), "written in base64: {text}");
     // A plain JSON message on the same queue is read too.
-    let plain = redrive_core::Envelope::new(&ship(5)).encode();
+    let plain = redrive_core::kit::Envelope::new(&ship(5)).encode();
     raw.send_message(QueueMessage { message_text: Some(plain) }.try_into().unwrap(), None).await.unwrap();
     let (effects, alerts) = (Effects::default(), Arc::new(Mutex::new(0)));
     let w = worker(&queue, &ledger, &effects, None, &alerts);
@@ -335,7 +336,8 @@ async fn bad_input_gets_clear_typed_errors_and_sends_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduled_job_is_sent_invisible_so_no_get_sees_it_before_its_time() {
-    use redrive_core::{Backend, EnqueueExt};
+    use redrive_core::EnqueueExt;
+    use redrive_core::kit::Backend;
     let (queue, ledger) = common::queue("delay", QueueOptions::default()).await;
     assert_eq!(queue.capabilities().max_delay, Some(Duration::from_secs(7 * 24 * 3600)), "Azure hides 7 days");
     let asked = tokio::time::Instant::now();
@@ -376,7 +378,7 @@ async fn a_scheduled_job_received_early_is_put_back_until_its_time_at_no_attempt
     let (queue, ledger) = common::queue("early", QueueOptions::default()).await;
     // A producer that sends it visible (or a clock ahead of the worker's): the job comes at once.
     let delay = Duration::from_secs(3);
-    let text = redrive_core::Envelope::new(&ship(34).run_in(delay)).encode();
+    let text = redrive_core::kit::Envelope::new(&ship(34).run_in(delay)).encode();
     let asked = tokio::time::Instant::now();
     let raw = common::config().queue_client(queue.queue_name()).unwrap();
     raw.send_message(QueueMessage { message_text: Some(text) }.try_into().unwrap(), None).await.unwrap();
@@ -393,7 +395,8 @@ async fn a_scheduled_job_received_early_is_put_back_until_its_time_at_no_attempt
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_time_to_live_a_scheduled_job_is_hidden_less_than_the_message_lives() {
-    use redrive_core::{Backend, EnqueueExt};
+    use redrive_core::EnqueueExt;
+    use redrive_core::kit::Backend;
     let options = QueueOptions { time_to_live: Some(Duration::from_secs(30)), ..QueueOptions::default() };
     let (queue, _ledger) = common::queue("ttl", options).await;
     // Azure refuses a message hidden as long as it lives: the delay stops a second short.

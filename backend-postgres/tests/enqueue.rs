@@ -5,7 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use redrive_core::{Claim, Counts, Enqueue, Enqueued, ErrorKind, Job, KeyBuilder, NewJob, QueueStats, QueueStatsExt};
+use redrive_core::kit::Claim;
+use redrive_core::{Counts, Enqueue, Enqueued, ErrorKind, Job, KeyBuilder, NewJob, QueueStats, QueueStatsExt};
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
@@ -55,7 +56,8 @@ async fn a_batch_creates_each_key_once_in_order_and_skips_existing_keys() {
     assert_eq!(jobs, 3, "one job row per key");
 
     // Jobs run in the order they were enqueued.
-    let claimed = backend.claim(&redrive_core::Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    let claimed =
+        backend.claim(&redrive_core::kit::Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     let orders: Vec<u64> = claimed.iter().map(|c| c.job.payload["order"].as_u64().unwrap()).collect();
     assert_eq!(orders, [1, 3, 2]);
 }
@@ -82,7 +84,8 @@ async fn pruning_done_jobs_frees_their_keys_and_leaves_the_rest() {
     for order in 1..=3 {
         backend.enqueue(receipt(order, "r")).await.unwrap();
     }
-    let claimed = backend.claim(&redrive_core::Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    let claimed =
+        backend.claim(&redrive_core::kit::Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     assert_eq!(claimed.len(), 3);
     for job in claimed.iter().filter(|c| c.job.payload["order"] != 3) {
         backend.complete(&job.lease, None).await.unwrap();
@@ -109,7 +112,8 @@ async fn counts_follow_jobs_from_queued_to_running_to_done() {
         backend.enqueue(receipt(order, "r")).await.unwrap();
     }
     assert_eq!(queued_running(backend.counts().await.unwrap()), (3, 0));
-    let claimed = backend.claim(&redrive_core::Kinds::Any, 2, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    let claimed =
+        backend.claim(&redrive_core::kit::Kinds::Any, 2, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     assert_eq!(queued_running(backend.counts().await.unwrap()), (1, 2));
     backend.retry(&claimed[0].lease, Duration::from_secs(60), "later").await.unwrap();
     backend.complete(&claimed[1].lease, None).await.unwrap();
@@ -117,7 +121,8 @@ async fn counts_follow_jobs_from_queued_to_running_to_done() {
     assert_eq!(queued_running(left), (2, 0), "a job waiting out its retry delay is queued");
     assert_eq!(left.scheduled, Some(1), "and scheduled");
     assert!(left.oldest_ready.is_some(), "the other one is ready and waiting");
-    let last = backend.claim(&redrive_core::Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    let last =
+        backend.claim(&redrive_core::kit::Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     assert_eq!(last.len(), 1);
     backend.complete(&last[0].lease, None).await.unwrap();
     assert_eq!(queued_running(backend.counts().await.unwrap()), (1, 0));
@@ -125,12 +130,13 @@ async fn counts_follow_jobs_from_queued_to_running_to_done() {
 
 #[tokio::test]
 async fn prune_done_keeps_alert_keys_and_purge_takes_them_with_their_records() {
-    use redrive_core::{IdempotencyKey, Ledger, ProviderKey};
+    use redrive_core::kit::Ledger;
+    use redrive_core::{IdempotencyKey, ProviderKey};
     let backend = common::backend("alertkeys").await;
     let done = |key: &IdempotencyKey| {
         let (backend, key) = (backend.clone(), key.clone());
         async move {
-            let redrive_core::Begin::Fresh(hold) = backend
+            let redrive_core::kit::Begin::Fresh(hold) = backend
                 .begin(&key, &serde_json::json!({}), ProviderKey::mint(), Duration::from_secs(30))
                 .await
                 .unwrap()
@@ -171,7 +177,8 @@ async fn prune_done_keeps_alert_keys_and_purge_takes_them_with_their_records() {
     // A record with id 1, then its purge: its alert key goes with it.
     let job = NewJob::from_job(&Receipt { order: 1, note: "x".into() }).unwrap();
     backend.enqueue(job).await.unwrap();
-    let claimed = backend.claim(&redrive_core::Kinds::Any, 1, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    let claimed =
+        backend.claim(&redrive_core::kit::Kinds::Any, 1, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     let record = backend.dead_letter(&claimed[0], "declined").await.unwrap().unwrap();
     assert_eq!(record.id.0, "1");
     tokio::time::sleep(Duration::from_millis(20)).await;

@@ -8,9 +8,10 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use redrive_core::kit::{Claim, Kinds, Renew};
 use redrive_core::{
-    Alert, AlertSink, Claim, DeadLetter, Enqueue, ErrorKind, FailureQuery, JobContext, JobError, Kinds, Renew,
-    RunningWorker, Worker, WorkerConfig,
+    Alert, AlertSink, DeadLetter, Enqueue, ErrorKind, FailureQuery, JobContext, JobError, RunningWorker, Worker,
+    WorkerConfig,
 };
 use redrive_postgres::{EffectOnce, PgBackend, PgConfig};
 use sqlx::Row;

@@ -156,7 +156,8 @@ async fn main() -> BoxResult<()> {
     tokio::spawn(async move { axum::serve(bare_listener, bare).await });
     let deliveries: Vec<(String, String)> = (0..DELIVERIES)
         .map(|n| {
-            let body = redrive_core::Envelope::new(&NewJob::from_job(&Noop { n: 1_000_000 + n }).unwrap()).encode();
+            let body =
+                redrive_core::kit::Envelope::new(&NewJob::from_job(&Noop { n: 1_000_000 + n }).unwrap()).encode();
             let signature = signature(&url, body.as_bytes());
             (body, signature)
         })
@@ -167,7 +168,8 @@ async fn main() -> BoxResult<()> {
     deliver(&client, &bare_url, &deliveries[..20], 0).await?;
     let warm_up: Vec<(String, String)> = (0..WARM_UP)
         .map(|n| {
-            let body = redrive_core::Envelope::new(&NewJob::from_job(&Noop { n: 2_000_000 + n }).unwrap()).encode();
+            let body =
+                redrive_core::kit::Envelope::new(&NewJob::from_job(&Noop { n: 2_000_000 + n }).unwrap()).encode();
             let signature = signature(&url, body.as_bytes());
             (body, signature)
         })

@@ -25,8 +25,9 @@ use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use chrono::{DateTime, TimeZone, Utc};
 use hmac::{KeyInit, Mac};
-use redrive_core::broker::{Known, carried_job};
-use redrive_core::{AttemptError, FailureId, FailureRecord, JobId};
+use redrive_core::kit::AttemptError;
+use redrive_core::kit::broker::{Known, carried_job};
+use redrive_core::{FailureId, FailureRecord, JobId};
 use sha2::{Digest, Sha256};
 
 use crate::api::DlqEntry;
@@ -150,7 +151,7 @@ pub(crate) fn record_of(entry: &DlqEntry) -> FailureRecord {
         (None, Some(489)) if !answer.is_empty() => answer,
         (None, Some(status)) => format!(
             "QStash gave up after {attempts} attempts; the endpoint last answered {status}: {}",
-            redrive_core::broker::cut(&answer, 512)
+            redrive_core::kit::broker::cut(&answer, 512)
         ),
         (None, None) => format!("QStash gave up after {attempts} attempts without an answer from the endpoint"),
     };

@@ -16,7 +16,7 @@ pub(crate) async fn refusal(what: &str, response: Response) -> Error {
         .json::<Value>()
         .await
         .ok()
-        .and_then(|v| v.get("error").and_then(Value::as_str).map(|s| redrive_core::broker::cut(s, 200).to_owned()))
+        .and_then(|v| v.get("error").and_then(Value::as_str).map(|s| redrive_core::kit::broker::cut(s, 200).to_owned()))
         .unwrap_or_default();
     let reason = if reason.is_empty() { String::new() } else { format!(": {reason}") };
     match status {

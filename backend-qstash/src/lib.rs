@@ -7,7 +7,7 @@
 //!
 //! | ability | how |
 //! |---|---|
-//! | enqueue | `POST /v2/publish/{destination}` (or `/v2/enqueue/{queue}/…`), `/v2/batch` for many (≤ 100 a call); the [envelope](redrive_core::Envelope) as the body; `Upstash-Retries` = cap − 1; `Upstash-Not-Before` for a scheduled job |
+//! | enqueue | `POST /v2/publish/{destination}` (or `/v2/enqueue/{queue}/…`), `/v2/batch` for many (≤ 100 a call); the [envelope](redrive_core::kit::Envelope) as the body; `Upstash-Retries` = cap − 1; `Upstash-Not-Before` for a scheduled job |
 //! | dedupe | `Upstash-Deduplication-Id` = SHA-256 of the destination, the key and the payload's fingerprint: a copy within QStash's window (10 minutes, below) is dropped, the same key with another payload is delivered and becomes a key-conflict record |
 //! | claim | push: [`QStashBackend::receiver`] verifies `Upstash-Signature` (before reading the body; each token once) and parks the delivery, at most [`QStashConfig::with_max_parked`] at once (past it 503 with `Retry-After`), until a worker's verdict answers it; attempt = `Upstash-Retried` + 1 + the attempts earlier copies spent (carried under this backend's seal) |
 //! | complete | 2xx |
@@ -15,7 +15,7 @@
 //! | release | back to this process's waiting deliveries (no request) |
 //! | renew | the parked delivery waits longer, up to the delivery timeout |
 //! | dead letter | 489 with `Upstash-NonRetryable-Error: true`: QStash moves the message to its DLQ, which is the record |
-//! | failure records | this destination's DLQ entries (the list's `url` filter, each entry's `url` checked: the DLQ is the account's, shared by every app on the token) listed into a [`RecordStore`](redrive_core::RecordStore) (your database), where reads are complete and paged, and discards keep reason and actor; the DLQ entry stays while the record is open |
+//! | failure records | this destination's DLQ entries (the list's `url` filter, each entry's `url` checked: the DLQ is the account's, shared by every app on the token) listed into a [`RecordStore`](redrive_core::kit::RecordStore) (your database), where reads are complete and paged, and discards keep reason and actor; the DLQ entry stays while the record is open |
 //! | replay | take the record in the store, `POST /v2/dlq/retry/{dlqId}` on an entry checked to be this destination's, close the record; where QStash answers the retry as deduplicated (sent nothing) or the entry is gone, a publish from the record under a deduplication id of its own |
 //! | unhandled kinds | a kind no claim of this process asked for is handed back unclaimed [`with_unclaimed_rounds`](QStashConfig::with_unclaimed_rounds) times, then dead-lettered as a record |
 //! | effect ledger | not here: pass your database's (e.g. `redrive-postgres`) to the worker |
@@ -43,7 +43,7 @@
 //!
 //! ```no_run
 //! # async fn run(store: redrive_core::MemoryBackend) -> redrive_core::Result<()> {
-//! # let store: std::sync::Arc<dyn redrive_core::RecordStore> = todo!();
+//! # let store: std::sync::Arc<dyn redrive_core::kit::RecordStore> = todo!();
 //! use redrive_qstash::{QStashBackend, QStashConfig};
 //!
 //! let config = QStashConfig::new(std::env::var("QSTASH_TOKEN").unwrap(), "https://app.example.com/qstash");

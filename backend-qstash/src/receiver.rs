@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
 use redrive_core::JobId;
-use redrive_core::broker::{Known, carried_job};
+use redrive_core::kit::broker::{Known, carried_job};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, warn};

@@ -53,7 +53,7 @@ fn forged(header: serde_json::Value, claims: &serde_json::Value, signature: &str
 
 fn envelope() -> String {
     let job = NewJob::from_job(&Grant { account: 7 }).unwrap();
-    redrive_core::Envelope::new(&job).encode()
+    redrive_core::kit::Envelope::new(&job).encode()
 }
 
 async fn post(url: &str, signature: Option<&str>, body: String, message_id: &str) -> u16 {
@@ -385,7 +385,7 @@ async fn a_captured_delivery_cannot_be_sent_again_nor_its_unsigned_headers_forge
 
     // A genuine signature over the body, with carried headers no copy of this backend sealed: an
     // attempt and a history made up by whoever sent it.
-    let other = redrive_core::Envelope::new(&NewJob::from_job(&Grant { account: 8 }).unwrap()).encode();
+    let other = redrive_core::kit::Envelope::new(&NewJob::from_job(&Grant { account: 8 }).unwrap()).encode();
     let signature = sign(Algorithm::HS256, CURRENT, &claims(&url, other.as_bytes(), 300, 0));
     let forged = reqwest::Client::new()
         .post(&url)
@@ -495,7 +495,7 @@ async fn a_delivery_refused_past_the_park_bound_is_not_charged_an_attempt() {
     while backend.counts().await.unwrap().queued == 0 && start.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let other = redrive_core::Envelope::new(&NewJob::from_job(&Grant { account: 9 }).unwrap()).encode();
+    let other = redrive_core::kit::Envelope::new(&NewJob::from_job(&Grant { account: 9 }).unwrap()).encode();
     let refused = send(other.clone(), "msg_refused_once", "0").await.unwrap();
     assert_eq!(refused.status().as_u16(), 503);
     let (worker, attempts) = recording_worker(&rig);

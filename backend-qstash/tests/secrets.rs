@@ -44,7 +44,7 @@ async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
 
 /// A delivery signed with `key` (a wrong one, or expired when `exp_in` is negative).
 async fn refused(url: &str, key: &str, exp_in: i64) -> u16 {
-    let body = redrive_core::Envelope::new(&NewJob::from_job(&Grant { account: 9 }).unwrap()).encode();
+    let body = redrive_core::kit::Envelope::new(&NewJob::from_job(&Grant { account: 9 }).unwrap()).encode();
     let now = chrono::Utc::now().timestamp();
     let claims = serde_json::json!({
         "iss": "Upstash", "sub": url, "iat": now, "exp": now + exp_in, "nbf": now - 400,

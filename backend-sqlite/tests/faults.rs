@@ -6,9 +6,10 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use redrive_core::kit::{Claim, Kinds};
 use redrive_core::{
-    Claim, Enqueue, ErrorKind, IdempotencyKey, Job, JobContext, JobError, KeyBuilder, Kinds, NewJob, QueueStats,
-    QueueStatsExt, Retry, RunningWorker, Worker, WorkerConfig,
+    Enqueue, ErrorKind, IdempotencyKey, Job, JobContext, JobError, KeyBuilder, NewJob, QueueStats, QueueStatsExt,
+    Retry, RunningWorker, Worker, WorkerConfig,
 };
 use redrive_sqlite::sqlx::{self, Row};
 use redrive_sqlite::{EffectOnce, SqliteBackend, SqliteConfig};

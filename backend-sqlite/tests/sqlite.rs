@@ -5,7 +5,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use redrive_core::{Claim, Enqueue, IdempotencyKey, Kinds, NewJob, QueueStats};
+use redrive_core::kit::{Claim, Kinds};
+use redrive_core::{Enqueue, IdempotencyKey, NewJob, QueueStats};
 use redrive_sqlite::{SqliteBackend, SqliteConfig};
 
 fn job(n: u32) -> NewJob {

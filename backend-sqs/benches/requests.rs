@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use redrive_core::kit::RecordStore;
 use redrive_core::{
-    DeadLetter, Enqueue, FailureQuery, FailureRecord, Job, JobContext, JobError, KeyBuilder, NewJob, RecordStore,
-    Replay, Worker, WorkerConfig,
+    DeadLetter, Enqueue, FailureQuery, FailureRecord, Job, JobContext, JobError, KeyBuilder, NewJob, Replay, Worker,
+    WorkerConfig,
 };
 use redrive_postgres::{PgBackend, PgConfig};
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
@@ -169,7 +170,7 @@ async fn records(endpoint: String, config: &SqsConfig, ledger: &PgBackend) -> Bo
             let job = NewJob::from_job(&Noop { n: WRITTEN + batch * 10 + i }).expect("a job");
             aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
                 .id(i.to_string())
-                .message_body(redrive_core::Envelope::new(&job).encode())
+                .message_body(redrive_core::kit::Envelope::new(&job).encode())
                 .build()
                 .expect("id and body")
         });

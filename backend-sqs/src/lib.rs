@@ -1,6 +1,6 @@
 //! Amazon SQS backend for [redrive](https://docs.rs/redrive).
 //!
-//! The source queue carries each job as a [JSON envelope](redrive_core::Envelope), with its
+//! The source queue carries each job as a [JSON envelope](redrive_core::kit::Envelope), with its
 //! kind, key and provider key repeated as message attributes. The attempt is SQS's
 //! `ApproximateReceiveCount` plus the attempts a deferred copy carries over (`redrive-spent`);
 //! the lease is the visibility timeout and the receipt handle.
@@ -13,7 +13,7 @@
 //! | complete | batched `DeleteMessageBatch`, shared by concurrent completions |
 //! | retry, renew, release | `ChangeMessageVisibility`; every receive stays counted |
 //! | defer | send a copy with the spent attempts and `DelaySeconds` (≤ 15 min), then delete the original: deferrals never count against `maxReceiveCount`. FIFO queues refuse a per-message delay: there a deferral is `ChangeMessageVisibility` and counts |
-//! | dead letter | the worker keeps the record in the [`RecordStore`](redrive_core::RecordStore) (the application's database), then deletes the message; the redrive policy's `maxReceiveCount` is the safety net for crashes |
+//! | dead letter | the worker keeps the record in the [`RecordStore`](redrive_core::kit::RecordStore) (the application's database), then deletes the message; the redrive policy's `maxReceiveCount` is the safety net for crashes |
 //! | failure records | read from the store: complete, paged, hiding nothing from other readers; the DLQ (what the redrive policy moved, and records written while the store was down) is drained into it first |
 //! | replay | take the record in the store (no other process sends it), send back to the source with the original keys, close the record |
 //! | effect ledger | not here: pass your database's (e.g. `redrive-postgres`) to the worker |

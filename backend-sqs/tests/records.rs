@@ -9,9 +9,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use redrive_core::kit::{Claim, Kinds, RecordStore};
 use redrive_core::{
-    Claim, DeadLetter, Enqueue, FailureId, FailureQuery, FailureRecord, Kinds, NewJob, RecordState, RecordStore,
-    Replay, ReplayOutcome,
+    DeadLetter, Enqueue, FailureId, FailureQuery, FailureRecord, NewJob, RecordState, Replay, ReplayOutcome,
 };
 use redrive_postgres::{PgBackend, PgConfig};
 use redrive_sqs::{QueueSetup, SqsBackend};
@@ -106,7 +106,7 @@ async fn ten_thousand_records_page_completely_for_two_readers_at_once_twice_in_a
     let dlq = client.get_queue_url().queue_name(format!("{name}-dlq")).send().await.unwrap().queue_url.unwrap();
     for batch in 0..MOVED / 10 {
         let entries = (0..10).map(|i| {
-            let body = redrive_core::Envelope::new(&job(WRITTEN + batch * 10 + i)).encode();
+            let body = redrive_core::kit::Envelope::new(&job(WRITTEN + batch * 10 + i)).encode();
             aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
                 .id(i.to_string())
                 .message_body(body)

@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
+use redrive_core::kit::{Claim, Claimed, Kinds};
 use redrive_core::{
-    Claim, Claimed, Counts, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, Kinds,
-    NewJob, QueueStats, QueueStatsExt, Replay, ReplayOutcome, RunningWorker, Worker, WorkerConfig,
+    Counts, DeadLetter, Enqueue, ErrorKind, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob, QueueStats,
+    QueueStatsExt, Replay, ReplayOutcome, RunningWorker, Worker, WorkerConfig,
 };
 use redrive_postgres::{PgBackend, PgConfig};
 use redrive_sqs::{QueueSetup, SqsBackend};
@@ -414,13 +415,13 @@ impl Job for Blob {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_at_the_size_limit_failing_with_a_long_error_full_of_escapes_leaves_one_readable_record() {
-    use redrive_core::Backend;
+    use redrive_core::kit::Backend;
     let queue = common::queue("limit", QueueSetup::default()).await;
     let ledger = common::ledger().await;
     // The largest payload enqueue takes, less 100 bytes.
     let limit = queue.capabilities().max_payload;
     let empty = NewJob::from_job(&Blob { id: 1, data: String::new() }).unwrap();
-    let overhead = redrive_core::Envelope::new(&empty).encode().len() + 200;
+    let overhead = redrive_core::kit::Envelope::new(&empty).encode().len() + 200;
     let job = NewJob::from_job(&Blob { id: 1, data: "x".repeat(limit - 100 - overhead) }).unwrap();
     queue.enqueue(job.clone()).await.unwrap();
     let too_big = NewJob::from_job(&Blob { id: 2, data: "x".repeat(limit) }).unwrap();
@@ -550,7 +551,8 @@ fn queued_running(counts: Counts) -> (u64, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduled_job_is_sent_delayed_so_no_receive_sees_it_before_its_time() {
-    use redrive_core::{Backend, EnqueueExt};
+    use redrive_core::EnqueueExt;
+    use redrive_core::kit::Backend;
     let (queue, ledger) = (common::queue("delay", QueueSetup::default()).await, common::ledger().await);
     assert_eq!(queue.capabilities().max_delay, Some(Duration::from_secs(900)), "SQS holds a job 15 minutes");
     let asked = tokio::time::Instant::now();
@@ -593,7 +595,7 @@ async fn a_scheduled_job_received_early_is_put_back_until_its_time_at_no_attempt
     let (queue, ledger) = (common::queue("early", QueueSetup::default()).await, common::ledger().await);
     // A producer that sends no delay (or a clock ahead of the worker's): the job comes at once.
     let delay = Duration::from_secs(3);
-    let body = redrive_core::Envelope::new(&ship(34).run_in(delay)).encode();
+    let body = redrive_core::kit::Envelope::new(&ship(34).run_in(delay)).encode();
     let asked = tokio::time::Instant::now();
     let client = common::raw_client().await;
     client.send_message().queue_url(queue.queue_url()).message_body(body).send().await.unwrap();
@@ -611,7 +613,8 @@ async fn a_scheduled_job_received_early_is_put_back_until_its_time_at_no_attempt
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_fifo_a_scheduled_job_is_sent_without_a_delay_and_waits_in_the_worker() {
-    use redrive_core::{Backend, EnqueueExt};
+    use redrive_core::EnqueueExt;
+    use redrive_core::kit::Backend;
     let queue = common::queue("fifodelay", QueueSetup { fifo: true, ..QueueSetup::default() }).await;
     let ledger = common::ledger().await;
     assert_eq!(queue.capabilities().max_delay, None, "FIFO queues refuse a per-message delay");

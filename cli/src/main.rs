@@ -328,7 +328,7 @@ async fn replay(target: &AnyBackend, out: &output::Output, args: &ReplayArgs) ->
         ));
     }
     if !args.dry_run {
-        redrive::require_audit("a replay's actor (--by)", by)?;
+        redrive::kit::require_audit("a replay's actor (--by)", by)?;
     }
     let filter = Filter {
         kind: args.kind.clone(),

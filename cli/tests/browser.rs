@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::{database, database_url, serve};
 
-use redrive_core::{Claim, DeadLetter, Enqueue, FailureId, IdempotencyKey, Kinds, NewJob, RecordState, Severity};
+use redrive_core::kit::{Claim, Kinds};
+use redrive_core::{DeadLetter, Enqueue, FailureId, IdempotencyKey, NewJob, RecordState, Severity};
 
 fn job(kind: &str, n: u32, severity: Severity) -> NewJob {
     let key = IdempotencyKey::builder(kind).fact("n", n).build().unwrap();

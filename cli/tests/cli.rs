@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{database, database_url, redrive_command, sqs_endpoint};
 
-use redrive_core::{Claim, Enqueue, FailureRecord, IdempotencyKey, Kinds, NewJob, RecordStore, Severity};
+use redrive_core::kit::{Claim, Kinds, RecordStore};
+use redrive_core::{Enqueue, FailureRecord, IdempotencyKey, NewJob, Severity};
 use redrive_postgres::PgBackend;
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
 use serde_json::Value;

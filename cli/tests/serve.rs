@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::{database, serve, sqs_endpoint, unique};
 use redrive_azure::{AzureBackend, AzureConfig, QueueOptions};
-use redrive_core::{Claim, DeadLetter, Enqueue, FailureQuery, IdempotencyKey, Kinds, NewJob, RecordState};
+use redrive_core::kit::{Claim, Kinds};
+use redrive_core::{DeadLetter, Enqueue, FailureQuery, IdempotencyKey, NewJob, RecordState};
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
 use reqwest::StatusCode;
 

@@ -1,11 +1,12 @@
-//! The promises a backend's [`Capabilities`](redrive_core::Capabilities) make that the other
+//! The promises a backend's [`Capabilities`](redrive_core::kit::Capabilities) make that the other
 //! behaviours do not check: each scenario here reads one flag and holds the backend to what it
 //! declares. A backend that declares less is held to less, never skipped.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redrive_core::{Claimed, Dedupe, ErrorKind, IdempotencyKey, Kinds, Ledger};
+use redrive_core::kit::{Claimed, Dedupe, Kinds, Ledger};
+use redrive_core::{ErrorKind, IdempotencyKey};
 use tokio::time::Instant;
 
 use crate::harness::{OTHER_KIND, OtherProbe, PROBE_KIND, Probe, Run, ensure};

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use redrive_core::kit::{Dedupe, Ledger};
 use redrive_core::{
-    Dedupe, Enqueued, FailureQuery, IdempotencyKey, Ledger, NewJob, ProviderKey, RecordState, ReplayOutcome,
-    WorkerConfig,
+    Enqueued, FailureQuery, IdempotencyKey, NewJob, ProviderKey, RecordState, ReplayOutcome, WorkerConfig,
 };
 use serde_json::json;
 

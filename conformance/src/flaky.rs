@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redrive_core::alert::BoxFuture;
-use redrive_core::{Error, FailureId, FailureQuery, FailureRecord, RecordState, RecordStore, Result, Taken};
+use redrive_core::kit::{RecordStore, Taken};
+use redrive_core::{Error, FailureId, FailureQuery, FailureRecord, RecordState, Result};
 
 /// Wraps a [`RecordStore`]: its writes of new records fail while [`set_down`](Self::set_down)
 /// says so, as a database outage would; every other call goes through. Clones share the switch.

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
+use redrive_core::kit::{Backend, Begin, Capabilities, Claim, Claimed, Hold, Kinds, Lease, Ledger, Renew};
 use redrive_core::{
-    Backend, Begin, Capabilities, Claim, Claimed, DeadLetter, Enqueue, Enqueued, Error, FailureId, FailureQuery,
-    FailureRecord, Hold, IdempotencyKey, Kinds, Lease, Ledger, NewJob, ProviderKey, Renew,
+    DeadLetter, Enqueue, Enqueued, Error, FailureId, FailureQuery, FailureRecord, IdempotencyKey, NewJob, ProviderKey,
 };
 
 /// What a [`Frozen`] backend does to one worker's calls: flags, set and cleared by the scenario.
@@ -214,26 +214,30 @@ macro_rules! forward_settlements {
     () => {
         async fn retry(
             &self,
-            lease: &redrive_core::Lease,
+            lease: &redrive_core::kit::Lease,
             delay: std::time::Duration,
             error: &str,
         ) -> redrive_core::Result<()> {
             self.inner.retry(lease, delay, error).await
         }
-        async fn defer(&self, lease: &redrive_core::Lease, delay: std::time::Duration) -> redrive_core::Result<()> {
+        async fn defer(
+            &self,
+            lease: &redrive_core::kit::Lease,
+            delay: std::time::Duration,
+        ) -> redrive_core::Result<()> {
             self.inner.defer(lease, delay).await
         }
-        async fn release(&self, lease: &redrive_core::Lease) -> redrive_core::Result<()> {
+        async fn release(&self, lease: &redrive_core::kit::Lease) -> redrive_core::Result<()> {
             self.inner.release(lease).await
         }
         async fn dead_letter(
             &self,
-            job: &redrive_core::Claimed,
+            job: &redrive_core::kit::Claimed,
             error: &str,
         ) -> redrive_core::Result<Option<redrive_core::FailureRecord>> {
             self.inner.dead_letter(job, error).await
         }
-        fn renewal(&self) -> Option<&impl redrive_core::Renew> {
+        fn renewal(&self) -> Option<&impl redrive_core::kit::Renew> {
             self.inner.renewal().map(|_| self)
         }
     };
@@ -243,8 +247,8 @@ pub(crate) use forward_settlements;
 /// `Backend` and `DeadLetter` for the wrapper `$wrapper<T>`, passed to its `inner` unchanged.
 macro_rules! forward_capabilities_and_records {
     ($wrapper:ident) => {
-        impl<T: redrive_core::Backend> redrive_core::Backend for $wrapper<T> {
-            fn capabilities(&self) -> redrive_core::Capabilities {
+        impl<T: redrive_core::kit::Backend> redrive_core::kit::Backend for $wrapper<T> {
+            fn capabilities(&self) -> redrive_core::kit::Capabilities {
                 self.inner.capabilities()
             }
         }

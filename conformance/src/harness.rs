@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redrive_core::alert::BoxFuture;
+use redrive_core::kit::{Capabilities, Claim, Dedupe, Ledger};
 use redrive_core::{
-    Alert, AlertSink, Backoff, Capabilities, Claim, DeadLetter, Dedupe, Error, FailureId, FailureQuery, FailureRecord,
-    IdempotencyKey, Job, JobContext, JobError, KeyBuilder, Ledger, NewJob, ProviderKey, RunningWorker, Worker,
-    WorkerConfig,
+    Alert, AlertSink, Backoff, DeadLetter, Error, FailureId, FailureQuery, FailureRecord, IdempotencyKey, Job,
+    JobContext, JobError, KeyBuilder, NewJob, ProviderKey, RunningWorker, Worker, WorkerConfig,
 };
 use serde::{Deserialize, Serialize};
 

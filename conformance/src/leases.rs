@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redrive_core::{Begin, Claim, ErrorKind, Kinds, Lease, Ledger, Renew, WorkerConfig};
+use redrive_core::kit::{Begin, Claim, Kinds, Lease, Ledger, Renew};
+use redrive_core::{ErrorKind, WorkerConfig};
 
 use crate::frozen::{Freeze, Frozen};
 use crate::harness::{Fault, Probe, Run, ensure};

@@ -2,7 +2,7 @@
 //!
 //! The behaviours, one public `async fn` each, every one taking a fresh [`Subject`]: the
 //! queue under test, the effect ledger it runs with, and the suite's [`Timing`]. What the
-//! backend can do is read from it ([`Backend::capabilities`](redrive_core::Backend)), never
+//! backend can do is read from it ([`Backend::capabilities`](redrive_core::kit::Backend)), never
 //! restated; differences between backends are declared, never skipped. Each scenario keeps its
 //! own effect log with **no unique constraint**, so a duplicated effect shows, and ends by
 //! sorting every key into done once / failure record / lost / duplicated / unexpected
@@ -11,7 +11,7 @@
 //!
 //! The first fourteen are the promise under ordinary operation; then comes the **fault half**:
 //! the same promise while renewals stall, the ledger is down, workers die or run only some kinds.
-//! The last four hold the backend to the [`Capabilities`](redrive_core::Capabilities) it declares
+//! The last four hold the backend to the [`Capabilities`](redrive_core::kit::Capabilities) it declares
 //! that nothing else reads: each capability is a promise the suite checks.
 //!
 //! | # | scenario | the invariant |
@@ -115,7 +115,8 @@ pub use limits::*;
 pub use process::{EnqueueJobs, hang_until_killed, is_killed_child, kill_worker_mid_job};
 pub use receipts::*;
 pub use records::check_record_store;
-use redrive_core::{Claim, DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};
+use redrive_core::kit::Claim;
+use redrive_core::{DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};
 pub use scenarios::*;
 pub use schedule::{expired, scheduled};
 pub use settling::settle_retried;
@@ -329,7 +330,7 @@ macro_rules! suite {
 
 /// An open failure record as a worker writes it at the cap (five attempts, one error), with id
 /// `m-<n>`, job id `j-<n>` and key `ship:parcel=<n>`: for tests of a
-/// [`RecordStore`](redrive_core::RecordStore) and of what reads records.
+/// [`RecordStore`](redrive_core::kit::RecordStore) and of what reads records.
 pub fn sample_record(n: u32, payload: serde_json::Value) -> redrive_core::FailureRecord {
     let now = chrono::Utc::now();
     let error = "carrier rejected the label".to_owned();
@@ -340,7 +341,7 @@ pub fn sample_record(n: u32, payload: serde_json::Value) -> redrive_core::Failur
         key: IdempotencyKey::builder("ship").fact("parcel", n).build().expect("a valid key"),
         provider_key: redrive_core::ProviderKey::mint(),
         payload,
-        errors: vec![redrive_core::AttemptError { attempt: 5, at: now, error: error.clone() }],
+        errors: vec![redrive_core::kit::AttemptError { attempt: 5, at: now, error: error.clone() }],
         last_error: error,
         attempts: 5,
         cap: 5,

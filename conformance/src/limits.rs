@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use redrive_core::{ErrorKind, Ledger};
+use redrive_core::ErrorKind;
+use redrive_core::kit::Ledger;
 
 use crate::harness::{Probe, Run, ensure};
 use crate::{Outcome, Queue, Subject};

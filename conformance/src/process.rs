@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use redrive_core::{Job, JobContext, JobError, KeyBuilder, Ledger, NewJob, RunningWorker, Worker, WorkerConfig};
+use redrive_core::kit::Ledger;
+use redrive_core::{Job, JobContext, JobError, KeyBuilder, NewJob, RunningWorker, Worker, WorkerConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::Queue;

@@ -7,7 +7,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redrive_core::{Begin, Claim, Claimed, Hold, IdempotencyKey, Kinds, Lease, Ledger, ProviderKey, Renew};
+use redrive_core::kit::{Begin, Claim, Claimed, Hold, Kinds, Lease, Ledger, Renew};
+use redrive_core::{IdempotencyKey, ProviderKey};
 use serde_json::Value;
 
 use crate::frozen::{forward_capabilities_and_records, forward_settlements};

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use redrive_core::{FailureQuery, RecordState, RecordStore, Taken};
+use redrive_core::kit::{RecordStore, Taken};
+use redrive_core::{FailureQuery, RecordState};
 
 use crate::sample_record as record;
 

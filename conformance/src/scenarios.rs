@@ -4,9 +4,8 @@
 
 use std::time::Duration;
 
-use redrive_core::{
-    Begin, Dedupe, ErrorKind, FailureQuery, Kinds, Ledger, NewJob, ProviderKey, RecordState, ReplayExt, ReplayOutcome,
-};
+use redrive_core::kit::{Begin, Dedupe, Kinds, Ledger};
+use redrive_core::{ErrorKind, FailureQuery, NewJob, ProviderKey, RecordState, ReplayExt, ReplayOutcome};
 use serde_json::json;
 
 use crate::harness::{Fault, Probe, Run, ensure};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use redrive_core::Ledger;
+use redrive_core::kit::Ledger;
 
 use crate::harness::{Probe, Run, ensure};
 use crate::{Outcome, Queue, Subject};

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redrive_core::{Claim, Claimed, Error, IdempotencyKey, Kinds, Lease, Ledger, Renew};
+use redrive_core::kit::{Claim, Claimed, Kinds, Lease, Ledger, Renew};
+use redrive_core::{Error, IdempotencyKey};
 use tokio::time::Instant;
 
 use crate::frozen::{forward_capabilities_and_records, forward_settlements};

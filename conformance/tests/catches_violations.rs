@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive_conformance::{Subject, Timing};
+use redrive_core::kit::{Backend, Begin, Capabilities, Claim, Claimed, Hold, Kinds, Lease, Ledger, Renew};
 use redrive_core::{
-    Backend, Begin, Capabilities, Claim, Claimed, DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery,
-    FailureRecord, Hold, IdempotencyKey, Kinds, Lease, Ledger, MemoryBackend, NewJob, ProviderKey, RecordState, Renew,
-    Replay, ReplayOutcome, Result,
+    DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery, FailureRecord, IdempotencyKey, MemoryBackend, NewJob,
+    ProviderKey, RecordState, Replay, ReplayOutcome, Result,
 };
 use serde_json::Value;
 

@@ -280,7 +280,7 @@ pub struct JobRecord {
     /// worker at once is charged for it.
     pub stranded: u32,
     /// Set by a backend that could not read the job it received (an SQS body that is not an
-    /// [envelope](crate::Envelope)): why, naming no value of it. The worker records such a job
+    /// [envelope](crate::kit::Envelope)): why, naming no value of it. The worker records such a job
     /// as a decode failure at once, and never hands it to a handler; `kind` and `payload` are
     /// then stand-ins (the payload holds the raw body for a person to read).
     pub undecodable: Option<String>,

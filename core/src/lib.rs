@@ -58,16 +58,15 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod alert;
-pub mod backend;
-pub mod broker;
+mod backend;
 mod decode;
-pub mod envelope;
+mod envelope;
 pub mod error;
 pub mod job;
 pub mod key;
 pub mod memory;
 pub mod policy;
-pub mod records;
+mod records;
 mod redact;
 pub mod worker;
 
@@ -75,17 +74,14 @@ pub mod worker;
 pub use alert::WebhookAlerts;
 pub use alert::{Alert, AlertSink, AlertSinkExt, BoxFuture, TracingAlerts};
 pub use backend::{
-    AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Counts, DeadLetter, Dedupe, Enqueue, EnqueueExt,
-    Enqueued, FailureId, FailureQuery, FailureRecord, Hold, Kinds, Lease, Ledger, NoRenewal, QueueStats, QueueStatsExt,
-    RecordState, Renew, Replay, ReplayExt, ReplayOutcome, require_audit,
+    Counts, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId, FailureQuery, FailureRecord, QueueStats,
+    QueueStatsExt, RecordState, Replay, ReplayExt, ReplayOutcome,
 };
-pub use envelope::Envelope;
 pub use error::{Error, ErrorKind, Result, Retry};
-pub use job::{DEFAULT_CAP, Job, JobContext, JobError, JobId, JobRecord, NewJob, Severity, payload_fingerprint};
+pub use job::{DEFAULT_CAP, Job, JobContext, JobError, JobId, JobRecord, NewJob, Retrying, Severity};
 pub use key::{IdempotencyKey, KeyBuilder, ProviderKey};
 pub use memory::MemoryBackend;
 pub use policy::{Backoff, Decision, Outcome, RetryPolicy};
-pub use records::{RecordStore, Taken};
 pub use worker::{Handler, RunningWorker, Worker, WorkerBuilder, WorkerConfig, WorkerStats, stop_signal};
 
 /// What an application imports: `use redrive_core::prelude::*;`.
@@ -106,52 +102,4 @@ pub mod prelude {
     pub use crate::worker::{RunningWorker, Worker, WorkerConfig};
 }
 
-/// What only a backend author needs: the contracts a backend implements beyond what an
-/// application calls, and the parts backends share.
-///
-/// - [`Backend`] declares the backend's [`Capabilities`] (its [`Dedupe`] among them); the worker
-///   and the conformance suite read them, and the suite holds the backend to each.
-/// - [`Claim`] takes jobs ([`Claimed`]) of some [`Kinds`] under a [`Lease`] and settles them;
-///   [`Renew`] extends a lease where the backend can ([`NoRenewal`] where it cannot). A claimed
-///   job is a [`JobRecord`]; its error history is a list of [`AttemptError`]s.
-/// - [`Ledger`] is the effect ledger: [`Begin`] says what a key's [`Hold`] found. Its entries
-///   compare payloads by [`payload_fingerprint`].
-/// - [`broker`] is what message-queue backends (SQS, Azure, QStash) share: they implement its
-///   `Broker` calls and keep failure records in a [`RecordStore`] (a record is [`Taken`] while
-///   a replay sends it), and carry jobs in an [`Envelope`].
-/// - [`require_audit`] is the check every backend makes before a discard or a replay.
-/// - [`BoxFuture`] is the boxed future of the object-safe traits ([`RecordStore`], alert sinks).
-///
-/// A backend starts by saying what it can do; the conformance suite then holds it to each promise:
-///
-/// ```
-/// use redrive_core::kit::{Backend, Capabilities, Dedupe};
-///
-/// struct MyQueue;
-///
-/// impl Backend for MyQueue {
-///     fn capabilities(&self) -> Capabilities {
-///         // A broker-like queue: both copies of a key delivered, ten jobs a claim, batches
-///         // that may half succeed, claims of any kind.
-///         Capabilities {
-///             dedupe: Dedupe::None,
-///             max_claim: 10,
-///             atomic_batch: false,
-///             claim_by_kind: false,
-///             ..Capabilities::default()
-///         }
-///     }
-/// }
-/// # let _ = MyQueue.capabilities();
-/// ```
-pub mod kit {
-    pub use crate::alert::BoxFuture;
-    pub use crate::backend::{
-        AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Dedupe, Hold, Kinds, Lease, Ledger, NoRenewal,
-        Renew, require_audit,
-    };
-    pub use crate::broker;
-    pub use crate::envelope::Envelope;
-    pub use crate::job::{JobRecord, payload_fingerprint};
-    pub use crate::records::{RecordStore, Taken};
-}
+pub mod kit;

@@ -327,7 +327,7 @@ async fn confirm_bulk<B: Records>(
 /// What a bulk replay's confirmation and its post compare: the matching records' ids, hashed.
 fn fingerprint(records: &[FailureRecord]) -> String {
     let ids: Vec<&str> = records.iter().map(|r| r.id.0.as_str()).collect();
-    redrive_core::payload_fingerprint(&serde_json::json!(ids))
+    redrive_core::kit::payload_fingerprint(&serde_json::json!(ids))
 }
 
 #[derive(Debug, Deserialize)]

@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redrive::alert::BoxFuture;
+use redrive::kit::Claim;
 use redrive::postgres::PgBackend;
 use redrive::{
-    Alert, AlertSink, Backoff, Claim, DeadLetter, Enqueue, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob,
+    Alert, AlertSink, Backoff, DeadLetter, Enqueue, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob,
     Replay, RunningWorker, Worker,
 };
 use serde::{Deserialize, Serialize};

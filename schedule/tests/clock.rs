@@ -9,10 +9,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redrive_core::{
-    Backend, Capabilities, Claim, Enqueue, Enqueued, Error, ErrorKind, Job, KeyBuilder, Kinds, MemoryBackend, NewJob,
-    Result,
-};
+use redrive_core::kit::{Backend, Capabilities, Claim, Kinds};
+use redrive_core::{Enqueue, Enqueued, Error, ErrorKind, Job, KeyBuilder, MemoryBackend, NewJob, Result};
 use redrive_schedule::{Clock, Missed, ScheduleStats, Scheduler};
 use serde::{Deserialize, Serialize};
 

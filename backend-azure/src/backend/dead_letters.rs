@@ -1,11 +1,12 @@
 //! `Broker`: failure records, kept in the [`RecordStore`] through the broker kit
-//! ([`redrive_core::broker`]), which gives [`DeadLetter`](redrive_core::DeadLetter) and
+//! ([`redrive_core::kit::broker`]), which gives [`DeadLetter`](redrive_core::DeadLetter) and
 //! [`Replay`](redrive_core::Replay). The worker writes its records to the store directly; the
 //! poison queue is the intake for records written while the store was down and for messages
 //! other consumers (the Azure Functions trigger, a person) moved there.
 
-use redrive_core::broker::Drained;
-use redrive_core::{AttemptError, FailureId};
+use redrive_core::FailureId;
+use redrive_core::kit::AttemptError;
+use redrive_core::kit::broker::Drained;
 
 use super::*;
 

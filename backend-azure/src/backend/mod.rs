@@ -11,10 +11,11 @@ use azure_storage_queue::models::{
     QueueClientUpdateMessageOptions, QueueMessage, ReceivedMessage,
 };
 use chrono::{DateTime, Utc};
-use redrive_core::broker::{self, Broker, BrokerCore, Held};
+use redrive_core::kit::broker::{self, Broker, BrokerCore, Held};
+use redrive_core::kit::{Backend, Capabilities, Claim, Claimed, Dedupe, Envelope, Kinds, Lease, RecordStore, Renew};
 use redrive_core::{
-    Backend, Capabilities, Claim, Claimed, Counts, Dedupe, Enqueue, Enqueued, Envelope, Error, ErrorKind, FailureId,
-    FailureRecord, JobId, Kinds, Lease, NewJob, QueueStats, RecordState, RecordStore, Renew, Result,
+    Counts, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureRecord, JobId, NewJob, QueueStats, RecordState,
+    Result,
 };
 use serde_json::Value;
 use tokio::sync::Mutex as AsyncMutex;

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use redrive_azure::{AzureBackend, AzureConfig, QueueOptions};
-use redrive_core::RecordStore;
+use redrive_core::kit::RecordStore;
 use redrive_postgres::{PgBackend, PgConfig};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);

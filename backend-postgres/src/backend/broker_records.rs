@@ -2,9 +2,8 @@
 
 use std::time::Duration;
 
-use redrive_core::{
-    BoxFuture, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, RecordState, RecordStore, Result, Taken,
-};
+use redrive_core::kit::{RecordStore, Taken};
+use redrive_core::{BoxFuture, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, RecordState, Result};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 

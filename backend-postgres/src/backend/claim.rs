@@ -4,10 +4,8 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use redrive_core::{
-    Begin, Claim, Claimed, Error, ErrorKind, FailureRecord, Hold, JobId, JobRecord, Kinds, Lease, ProviderKey, Renew,
-    Result, Severity,
-};
+use redrive_core::kit::{Begin, Claim, Claimed, Hold, Kinds, Lease, Renew};
+use redrive_core::{Error, ErrorKind, FailureRecord, JobId, JobRecord, ProviderKey, Result, Severity};
 use serde_json::Value;
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{PgPool, Postgres, Row};

@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use redrive_core::kit::{AttemptError, require_audit};
 use redrive_core::{
-    AttemptError, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey,
-    RecordState, Replay, ReplayOutcome, Result, require_audit,
+    DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey, RecordState, Replay,
+    ReplayOutcome, Result,
 };
 use sqlx::Row;
 use sqlx::postgres::PgRow;

@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use redrive_core::{
-    Begin, Claim, Error, ErrorKind, Hold, IdempotencyKey, Ledger, ProviderKey, Renew, Result, payload_fingerprint,
-};
+use redrive_core::kit::{Begin, Claim, Hold, Ledger, Renew, payload_fingerprint};
+use redrive_core::{Error, ErrorKind, IdempotencyKey, ProviderKey, Result};
 use serde_json::Value;
 use sqlx::Row;
 use uuid::Uuid;

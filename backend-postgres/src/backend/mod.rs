@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use redrive_core::kit::{Backend, Capabilities, Dedupe};
 use redrive_core::{
-    Backend, Capabilities, Counts, Dedupe, Enqueue, Enqueued, Error, ErrorKind, IdempotencyKey, JobId, NewJob,
-    ProviderKey, QueueStats, Result,
+    Counts, Enqueue, Enqueued, Error, ErrorKind, IdempotencyKey, JobId, NewJob, ProviderKey, QueueStats, Result,
 };
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};

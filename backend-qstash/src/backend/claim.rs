@@ -123,7 +123,7 @@ impl QStashBackend {
                 retry_after: None,
                 non_retryable: true,
                 failed_at: Some(Utc::now().timestamp_millis()),
-                body: redrive_core::broker::last_error(&error),
+                body: redrive_core::kit::broker::last_error(&error),
             });
         }
         // Delayed by the park limit: a kind no worker here handles comes back at that pace, not
@@ -242,14 +242,14 @@ impl Claim for QStashBackend {
 
     async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
         let d = self.settle(lease)?;
-        let errors = redrive_core::broker::add_error(d.carried.errors.clone(), d.job.attempt, error);
+        let errors = redrive_core::kit::broker::add_error(d.carried.errors.clone(), d.job.attempt, error);
         let verdict = match self.publish_copy(&d, d.job.attempt, &errors, 0, delay).await {
             Ok(()) => Verdict::ok(),
             Err(e) if e.kind() == ErrorKind::LeaseLost => return Err(e),
             Err(e) => {
                 warn!(job = %d.job.id, kind = %d.job.kind, key = %d.job.key, attempt = d.job.attempt, error = %e,
                     "the retry's copy could not be published; QStash retries the delivery itself");
-                Verdict::again(500, delay.max(Duration::from_secs(1)), redrive_core::broker::last_error(error))
+                Verdict::again(500, delay.max(Duration::from_secs(1)), redrive_core::kit::broker::last_error(error))
             }
         };
         Self::answer(&d, verdict)
@@ -296,7 +296,7 @@ impl Claim for QStashBackend {
             retry_after: None,
             non_retryable: true,
             failed_at: Some(Utc::now().timestamp_millis()),
-            body: redrive_core::broker::last_error(error),
+            body: redrive_core::kit::broker::last_error(error),
         };
         Self::answer(&d, verdict)?;
         // QStash writes the DLQ entry and names it: the alert sweep finds the record there.

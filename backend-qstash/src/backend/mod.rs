@@ -8,11 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use redrive_core::broker::{Broker, BrokerCore, Drained, Held, not_all_sent};
-use redrive_core::{
-    AttemptError, Backend, Capabilities, Claim, Claimed, Counts, Dedupe, Enqueue, Enqueued, Envelope, Error, ErrorKind,
-    FailureId, FailureQuery, JobId, JobRecord, Kinds, Lease, NewJob, QueueStats, RecordStore, Renew, Result,
+use redrive_core::kit::broker::{Broker, BrokerCore, Drained, Held, not_all_sent};
+use redrive_core::kit::{
+    AttemptError, Backend, Capabilities, Claim, Claimed, Dedupe, Envelope, Kinds, Lease, RecordStore, Renew,
     payload_fingerprint,
+};
+use redrive_core::{
+    Counts, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery, JobId, JobRecord, NewJob, QueueStats, Result,
 };
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
@@ -273,7 +275,6 @@ impl Backend for QStashBackend {
             crash_refunds: false,
             claim_by_kind: true,
             min_lease: Duration::from_millis(10),
-            push_delivery: true,
             max_delay: Some(MAX_DELAY),
         }
     }

@@ -5,10 +5,8 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use redrive_core::{
-    AttemptError, Begin, Claim, Claimed, Error, FailureId, FailureRecord, Hold, JobId, JobRecord, Kinds, Lease,
-    ProviderKey, RecordState, Renew, Result, Severity,
-};
+use redrive_core::kit::{AttemptError, Begin, Claim, Claimed, Hold, Kinds, Lease, Renew};
+use redrive_core::{Error, FailureId, FailureRecord, JobId, JobRecord, ProviderKey, RecordState, Result, Severity};
 use serde_json::Value;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use redrive_core::kit::{AttemptError, require_audit};
 use redrive_core::{
-    AttemptError, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey,
-    RecordState, Replay, ReplayOutcome, Result, Severity, require_audit,
+    DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey, RecordState, Replay,
+    ReplayOutcome, Result, Severity,
 };
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;

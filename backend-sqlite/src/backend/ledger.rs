@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use redrive_core::{Begin, Error, ErrorKind, Hold, IdempotencyKey, Ledger, ProviderKey, Result};
+use redrive_core::kit::{Begin, Hold, Ledger};
+use redrive_core::{Error, ErrorKind, IdempotencyKey, ProviderKey, Result};
 use serde_json::Value;
 use sqlx::Row;
 use uuid::Uuid;
@@ -20,7 +21,7 @@ impl Ledger for SqliteBackend {
         provider_key: ProviderKey,
         hold: Duration,
     ) -> Result<Begin> {
-        let fingerprint = redrive_core::payload_fingerprint(payload);
+        let fingerprint = redrive_core::kit::payload_fingerprint(payload);
         let (now, token) = (now_ms(), Uuid::new_v4().to_string());
         let until = now + ms(hold);
         let mut tx = self.write().await?;

@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use redrive_core::kit::{AttemptError, Backend, Capabilities, Dedupe, Lease};
 use redrive_core::{
-    AttemptError, Backend, Capabilities, Counts, Dedupe, Enqueue, Enqueued, Error, ErrorKind, IdempotencyKey, JobId,
-    Lease, NewJob, ProviderKey, QueueStats, Result,
+    Counts, Enqueue, Enqueued, Error, ErrorKind, IdempotencyKey, JobId, NewJob, ProviderKey, QueueStats, Result,
 };
 use serde_json::Value;
 use sqlx::{Row, SqliteConnection, SqlitePool};

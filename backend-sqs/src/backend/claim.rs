@@ -100,7 +100,7 @@ impl SqsBackend {
         };
         let over = message_size(&body, &attrs(last_error)).saturating_sub(self.inner.dlq.max_message_size);
         if over > 0 {
-            last_error = redrive_core::broker::cut(last_error, last_error.len().saturating_sub(over));
+            last_error = redrive_core::kit::broker::cut(last_error, last_error.len().saturating_sub(over));
         }
         let attrs = attrs(last_error);
         self.send_to(
@@ -243,7 +243,7 @@ impl Claim for SqsBackend {
             Utc::now(),
         );
         if let Err(e) = self.inner.core.keep(&record).await {
-            redrive_core::broker::store_down(job, &e);
+            redrive_core::kit::broker::store_down(job, &e);
             let body = kept_body.unwrap_or_else(|| Envelope::from_job(job).encode());
             let errors = history_text(&record.errors);
             self.send_record_to_dlq(lease, &job.id, body, &record, &errors).await?;

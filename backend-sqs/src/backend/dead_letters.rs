@@ -1,10 +1,10 @@
 //! `Broker`: failure records, kept in the [`RecordStore`] (the application's database) through the broker
-//! kit ([`redrive_core::broker`]), which gives [`DeadLetter`](redrive_core::DeadLetter) and
+//! kit ([`redrive_core::kit::broker`]), which gives [`DeadLetter`](redrive_core::DeadLetter) and
 //! [`Replay`](redrive_core::Replay). The worker writes its records to the store directly; the
 //! DLQ is the intake for what the redrive policy moved (a worker that crashed on its last
 //! attempt) and for records written while the store was down.
 
-use redrive_core::broker::{self, Broker, Drained, Known};
+use redrive_core::kit::broker::{self, Broker, Drained, Known};
 
 use super::*;
 

@@ -1,7 +1,7 @@
 //! What SQS messages and queues look like to redrive: names, attributes, the job a body carries,
 //! and the queue calls setup needs.
 
-use redrive_core::broker;
+use redrive_core::kit::broker;
 
 use super::*;
 

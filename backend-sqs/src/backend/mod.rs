@@ -12,10 +12,13 @@ use aws_sdk_sqs::types::{
     MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
 };
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
-use redrive_core::broker::{BrokerCore, HISTORY_ROOM, Held};
+use redrive_core::kit::broker::{BrokerCore, HISTORY_ROOM, Held};
+use redrive_core::kit::{
+    AttemptError, Backend, Capabilities, Claim, Claimed, Dedupe, Envelope, Kinds, Lease, RecordStore, Renew,
+};
 use redrive_core::{
-    AttemptError, Backend, Capabilities, Claim, Claimed, Counts, Dedupe, Enqueue, Enqueued, Envelope, Error, ErrorKind,
-    FailureId, FailureRecord, IdempotencyKey, JobId, Kinds, Lease, NewJob, QueueStats, RecordStore, Renew, Result,
+    Counts, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureRecord, IdempotencyKey, JobId, NewJob, QueueStats,
+    Result,
 };
 use serde_json::Value;
 use tracing::warn;
@@ -306,7 +309,7 @@ impl SqsBackend {
                 return Ok(true);
             }
         }
-        redrive_core::broker::drain(self).await?;
+        redrive_core::kit::broker::drain(self).await?;
         self.inner.core.records().records_mention(self.inner.core.scope(), text).await
     }
 
@@ -490,7 +493,13 @@ const BATCH_TRIES: u32 = 4;
 /// A batch enqueue that stopped part-way: which keys were not sent, and how many jobs were.
 fn not_all_sent(jobs: &[NewJob], sent: &[Option<String>], why: &str) -> Error {
     let sent: Vec<bool> = sent.iter().map(Option::is_some).collect();
-    redrive_core::broker::not_all_sent("sqs", jobs, &sent, why, (ErrorKind::Backend, redrive_core::Retry::Temporary))
+    redrive_core::kit::broker::not_all_sent(
+        "sqs",
+        jobs,
+        &sent,
+        why,
+        (ErrorKind::Backend, redrive_core::Retry::Temporary),
+    )
 }
 
 impl Backend for SqsBackend {

@@ -44,7 +44,7 @@ pub enum Begin {
 /// done after.
 pub trait Ledger: Send + Sync {
     /// Starts an attempt at the effect of `key`, holding it for `hold`. The payload's
-    /// [fingerprint](crate::payload_fingerprint) is stored with the key; a later begin with
+    /// [fingerprint](crate::kit::payload_fingerprint) is stored with the key; a later begin with
     /// another payload is a [`KeyConflict`](crate::ErrorKind::KeyConflict). `provider_key` is
     /// stored if the key is new; the hold carries the stored one.
     fn begin(

@@ -23,7 +23,7 @@ use crate::error::{ErrorKind, Result};
 /// key's ledger entry and every other backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum HoldMode {
-    /// The hold is the job's lease ([`Claimed::begun`](crate::Claimed::begun): Postgres,
+    /// The hold is the job's lease ([`Claimed::begun`](crate::kit::Claimed::begun): Postgres,
     /// SQLite): the claim took the key, renewing the lease keeps it, settling the job ends it, and
     /// the job's completion with its result marks the effect done, in one fenced write.
     Lease,

@@ -6,7 +6,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use redrive_core::{Claim, Enqueue, IdempotencyKey, Kinds, NewJob, Severity};
+use redrive_core::kit::{Claim, Kinds};
+use redrive_core::{Enqueue, IdempotencyKey, NewJob, Severity};
 use redrive_dashboard::Dashboard;
 use redrive_postgres::{PgBackend, PgConfig};
 

@@ -10,7 +10,7 @@
 //! Beside them are the parts every broker's claim path uses:
 //! - [`Held`]: the table of the messages this process holds, fenced by their lease tokens;
 //! - the conversions between what a message carries and what the worker and the store see
-//!   ([`Envelope::into_job`](crate::Envelope::into_job), [`FailureRecord::from_job`],
+//!   ([`Envelope::into_job`](crate::kit::Envelope::into_job), [`FailureRecord::from_job`],
 //!   [`carried_job`] for a body that is not an envelope);
 //! - the rules every broker's messages follow: an error history of bounded size
 //!   ([`add_error`]), text cleaned of what a broker refuses ([`clean`], [`last_error`]).
