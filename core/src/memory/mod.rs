@@ -16,7 +16,7 @@ use uuid::Uuid;
 use self::ledger::{Effect, LedgerEntry};
 use crate::backend::{
     AttemptError, Backend, Capabilities, Claim, Claimed, Counts, Enqueue, Enqueued, FailureId, FailureRecord, Kinds,
-    Lease, QueueStats, RecordState, Renew,
+    Lease, QueueStats, Renew,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{JobId, JobRecord, NewJob};
@@ -60,6 +60,29 @@ struct StoredJob {
     stranded: u32,
     status: Status,
     errors: Vec<AttemptError>,
+}
+
+impl StoredJob {
+    /// The job as its current claim sees it (and its failure record keeps it).
+    fn record(&self, id: u64) -> JobRecord {
+        let job = &self.job;
+        JobRecord {
+            id: JobId(id.to_string()),
+            kind: job.kind.clone(),
+            key: job.key.clone(),
+            provider_key: job.provider_key,
+            payload: job.payload.clone(),
+            attempt: self.attempts,
+            cap: job.cap,
+            severity: job.severity,
+            enqueued_at: self.enqueued_at,
+            deadline: job.deadline,
+            // Held back until then by its ready time.
+            not_before: None,
+            stranded: self.stranded,
+            undecodable: None,
+        }
+    }
 }
 
 #[derive(Debug, PartialEq)]
@@ -210,24 +233,8 @@ impl State {
             stored.started = false;
             let token = token();
             stored.status = Status::Running { token: token.clone(), expires: now + lease };
-            let job = &stored.job;
             claimed.push(Claimed {
-                job: JobRecord {
-                    id: JobId(id.to_string()),
-                    kind: job.kind.clone(),
-                    key: job.key.clone(),
-                    provider_key: job.provider_key,
-                    payload: job.payload.clone(),
-                    attempt: stored.attempts,
-                    cap: job.cap,
-                    severity: job.severity,
-                    enqueued_at: stored.enqueued_at,
-                    deadline: job.deadline,
-                    // Held back until then by its ready time.
-                    not_before: None,
-                    stranded: stored.stranded,
-                    undecodable: None,
-                },
+                job: stored.record(*id),
                 lease: Lease { job_id: JobId(id.to_string()), token },
                 begun: None,
             });
@@ -325,24 +332,9 @@ impl Claim for MemoryBackend {
         job.status = Status::Failed;
         job.errors.push(AttemptError { attempt: job.attempts, at: now, error: error.to_owned() });
         let errors = std::mem::take(&mut job.errors);
-        let (attempts, new) = (job.attempts, job.job.clone());
+        let job = job.record(parse_id(&claimed.lease.job_id.0)?);
         state.next_record += 1;
-        let record = FailureRecord {
-            id: FailureId(state.next_record.to_string()),
-            job_id: claimed.lease.job_id.clone(),
-            kind: new.kind,
-            key: new.key,
-            provider_key: new.provider_key,
-            payload: new.payload,
-            last_error: error.to_owned(),
-            first_failed_at: errors.first().map_or(now, |e| e.at),
-            errors,
-            attempts,
-            cap: new.cap,
-            severity: new.severity,
-            last_failed_at: now,
-            state: RecordState::Open,
-        };
+        let record = FailureRecord::open(FailureId(state.next_record.to_string()), job, error.to_owned(), errors, now);
         let n = state.next_record;
         state.records.insert(n, record.clone());
         Ok(Some(record))

@@ -28,7 +28,7 @@ impl FailureRecord {
         at: DateTime<Utc>,
     ) -> Self {
         let errors = add_error_at(history, job.attempt, error, at);
-        open_record(id, job.clone(), last_error(error), errors, at)
+        Self::open(id, job.clone(), last_error(error), errors, at)
     }
 }
 
@@ -43,31 +43,37 @@ pub fn dead_record(
     attempts: u32,
     failed_at: DateTime<Utc>,
 ) -> FailureRecord {
-    open_record(ids.0, env.into_job(ids.1, attempts, None), last_error, errors, failed_at)
+    FailureRecord::open(ids.0, env.into_job(ids.1, attempts, None), last_error, errors, failed_at)
 }
 
-fn open_record(
-    id: FailureId,
-    job: JobRecord,
-    last_error: String,
-    errors: Vec<AttemptError>,
-    failed_at: DateTime<Utc>,
-) -> FailureRecord {
-    FailureRecord {
-        id,
-        job_id: job.id,
-        kind: job.kind,
-        key: job.key,
-        provider_key: job.provider_key,
-        payload: job.payload,
-        last_error,
-        first_failed_at: errors.first().map_or(failed_at, |e| e.at),
-        errors,
-        attempts: job.attempt,
-        cap: job.cap,
-        severity: job.severity,
-        last_failed_at: failed_at,
-        state: RecordState::Open,
+impl FailureRecord {
+    /// The open record `id` of `job` as it failed its last attempt (`job.attempt`) at
+    /// `failed_at`: `last_error` and the history `errors` (oldest first, the last included) as
+    /// given, nothing cut. What every backend's dead letter builds from the claimed job
+    /// (memory, the brokers through [`FailureRecord::from_job`] and [`dead_record`]).
+    pub fn open(
+        id: FailureId,
+        job: JobRecord,
+        last_error: String,
+        errors: Vec<AttemptError>,
+        failed_at: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            id,
+            job_id: job.id,
+            kind: job.kind,
+            key: job.key,
+            provider_key: job.provider_key,
+            payload: job.payload,
+            last_error,
+            first_failed_at: errors.first().map_or(failed_at, |e| e.at),
+            errors,
+            attempts: job.attempt,
+            cap: job.cap,
+            severity: job.severity,
+            last_failed_at: failed_at,
+            state: RecordState::Open,
+        }
     }
 }
 
