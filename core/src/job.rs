@@ -79,6 +79,11 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     /// Work that is worthless late (a typing indicator, a cache warm-up): claimed this long after
     /// it was enqueued, the job is dropped and counted as expired, not run and not dead-lettered.
     const EXPIRES_AFTER: Option<Duration> = None;
+    /// The longest one attempt may run: at the limit the handler's future is dropped (whatever
+    /// it was awaiting is cancelled) and the attempt counts as a retryable failure, "timed out
+    /// after …". `None`: no limit (a hung handler holds its key for as long as its worker lives).
+    /// A worker may set its own with [`WorkerBuilder::timeout`](crate::WorkerBuilder::timeout).
+    const TIMEOUT: Option<Duration> = None;
 
     /// Adds the business facts that identify this job's one intended effect.
     fn key(&self, key: KeyBuilder) -> KeyBuilder;
@@ -326,6 +331,11 @@ pub enum Retrying {
     Backoff,
     /// After this delay, instead of the backoff (a provider's `Retry-After`, say).
     After(Duration),
+    /// Not now: put back for this delay at no attempt's cost, no error written, never a record
+    /// (a 429 with `Retry-After`, a provider's maintenance window). Only while the job is younger
+    /// than [`WorkerConfig::max_not_now`](crate::WorkerConfig::max_not_now); past that, an
+    /// ordinary retry after the delay, so that a job cannot wait for ever unseen.
+    NotNow(Duration),
 }
 
 impl JobError {
@@ -337,6 +347,16 @@ impl JobError {
     /// Retry after `delay` (a provider's `Retry-After`, say).
     pub fn retry_after(delay: Duration, message: impl std::fmt::Display) -> Self {
         Self { message: message.to_string(), retrying: Retrying::After(delay) }
+    }
+
+    /// Not now, and not the job's fault: try again after `delay` without spending an attempt or
+    /// writing an error (a 429 with `Retry-After`, a provider's maintenance window). No number of
+    /// these leads to a failure record while the job is younger than
+    /// [`WorkerConfig::max_not_now`](crate::WorkerConfig::max_not_now) (24 h by default); an
+    /// older job's "not now" is an ordinary retry after `delay`, counted against its cap.
+    /// Say [`retry_after`](Self::retry_after) when the job itself may be at fault.
+    pub fn not_now(delay: Duration, message: impl std::fmt::Display) -> Self {
+        Self { message: message.to_string(), retrying: Retrying::NotNow(delay) }
     }
 
     /// Do not retry: the job goes to a failure record now.
@@ -426,6 +446,8 @@ mod tests {
         assert_eq!(JobError::permanent("bad address").retrying(), Retrying::Never);
         let throttled = JobError::retry_after(Duration::from_secs(42), "429");
         assert_eq!(throttled.retrying(), Retrying::After(Duration::from_secs(42)));
+        let later = JobError::not_now(Duration::from_secs(60), "maintenance until 03:00");
+        assert_eq!(later.retrying(), Retrying::NotNow(Duration::from_secs(60)));
     }
 }
 

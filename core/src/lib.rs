@@ -81,7 +81,7 @@ pub use error::{Error, ErrorKind, Result, Retry};
 pub use job::{DEFAULT_CAP, Job, JobContext, JobError, JobId, JobRecord, NewJob, Retrying, Severity};
 pub use key::{IdempotencyKey, KeyBuilder, ProviderKey};
 pub use memory::MemoryBackend;
-pub use policy::{Backoff, Decision, Outcome, RetryPolicy};
+pub use policy::{Backoff, DEFAULT_MAX_NOT_NOW, Decision, Outcome, RetryPolicy};
 pub use worker::{Handler, RunningWorker, Worker, WorkerBuilder, WorkerConfig, WorkerStats, stop_signal};
 
 /// What an application imports: `use redrive_core::prelude::*;`.

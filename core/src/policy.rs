@@ -1,5 +1,5 @@
 //! The attempt policy: what happens after an attempt, as a pure function of the attempt, the
-//! cap and the handler's outcome; and the backoff between attempts.
+//! cap, the job's age and the handler's outcome; and the backoff between attempts.
 
 use std::time::Duration;
 
@@ -25,6 +25,15 @@ pub enum Outcome {
         /// The error.
         error: String,
     },
+    /// Not now: the handler asked to be tried again after `after` at no attempt's cost (see
+    /// [`JobError::not_now`]).
+    NotNow {
+        /// How long to wait.
+        after: Duration,
+        /// Why, as the handler said it: logged, and written as an error only where the "not now"
+        /// counts as a retry (a job past [`RetryPolicy::max_not_now`]).
+        error: String,
+    },
 }
 
 impl From<JobError> for Outcome {
@@ -36,6 +45,7 @@ impl From<JobError> for Outcome {
             Retrying::Never => Self::Fail { error },
             Retrying::Backoff => Self::Retry { after: None, error },
             Retrying::After(delay) => Self::Retry { after: Some(delay), error },
+            Retrying::NotNow(after) => Self::NotNow { after, error },
         }
     }
 }
@@ -47,6 +57,8 @@ pub enum Decision {
     Complete,
     /// Make it ready again after this delay.
     RetryIn(Duration),
+    /// Put it back for this delay at no attempt's cost: no error written, never a record.
+    DeferFor(Duration),
     /// Write the failure record and alert.
     DeadLetter,
 }
@@ -90,22 +102,41 @@ impl Backoff {
     }
 }
 
+/// How long a job may be put back "not now" before a "not now" counts as an attempt: 24 hours.
+pub const DEFAULT_MAX_NOT_NOW: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// Decides what follows an attempt. Pure, apart from the jitter.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryPolicy {
     /// The delays between attempts.
     pub backoff: Backoff,
+    /// A job may be put back "not now" at no attempt's cost only while it is younger than this
+    /// (its age counted from when it was first enqueued, so nothing more is stored); an older
+    /// job's "not now" is a retry after the delay asked for, so it cannot wait for ever unseen.
+    pub max_not_now: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// The default backoff; "not now" at no cost for [`DEFAULT_MAX_NOT_NOW`].
+    fn default() -> Self {
+        Self { backoff: Backoff::default(), max_not_now: DEFAULT_MAX_NOT_NOW }
+    }
 }
 
 impl RetryPolicy {
-    /// After attempt `attempt` of `cap` ended with `outcome`: complete, retry, or dead-letter.
-    /// Attempts are counted at claim, so `attempt >= cap` means none is left.
-    pub fn decide(&self, attempt: u32, cap: u32, outcome: &Outcome) -> Decision {
+    /// After attempt `attempt` of `cap` of a job enqueued `age` ago ended with `outcome`:
+    /// complete, retry, defer, or dead-letter. Attempts are counted at claim, so `attempt >= cap`
+    /// means none is left.
+    pub fn decide(&self, attempt: u32, cap: u32, age: Duration, outcome: &Outcome) -> Decision {
         match outcome {
             Outcome::Done(_) => Decision::Complete,
             Outcome::Fail { .. } => Decision::DeadLetter,
-            Outcome::Retry { .. } if attempt >= cap => Decision::DeadLetter,
-            Outcome::Retry { after: Some(delay), .. } => Decision::RetryIn(*delay),
+            // Whatever the attempt: a deferral gives the attempt back.
+            Outcome::NotNow { after, .. } if age < self.max_not_now => Decision::DeferFor(*after),
+            Outcome::Retry { .. } | Outcome::NotNow { .. } if attempt >= cap => Decision::DeadLetter,
+            Outcome::Retry { after: Some(delay), .. } | Outcome::NotNow { after: delay, .. } => {
+                Decision::RetryIn(*delay)
+            }
             Outcome::Retry { after: None, .. } => Decision::RetryIn(self.backoff.delay(attempt)),
         }
     }
@@ -119,28 +150,52 @@ mod tests {
         Outcome::Retry { after: None, error: "timeout".into() }
     }
 
+    const YOUNG: Duration = Duration::from_secs(1);
+
     #[test]
     fn retries_until_the_cap_then_dead_letters() {
-        let policy = RetryPolicy { backoff: Backoff::NONE };
-        let decisions: Vec<_> = (1..=5).map(|a| policy.decide(a, 5, &retry())).collect();
+        let policy = RetryPolicy { backoff: Backoff::NONE, ..RetryPolicy::default() };
+        let decisions: Vec<_> = (1..=5).map(|a| policy.decide(a, 5, YOUNG, &retry())).collect();
         assert_eq!(decisions[..4], [Decision::RetryIn(Duration::ZERO); 4]);
         assert_eq!(decisions[4], Decision::DeadLetter);
-        assert_eq!(policy.decide(6, 5, &retry()), Decision::DeadLetter, "past the cap never retries");
+        assert_eq!(policy.decide(6, 5, YOUNG, &retry()), Decision::DeadLetter, "past the cap never retries");
     }
 
     #[test]
     fn permanent_failures_dead_letter_at_once_and_success_completes() {
         let policy = RetryPolicy::default();
-        assert_eq!(policy.decide(1, 5, &Outcome::Fail { error: "bad".into() }), Decision::DeadLetter);
-        assert_eq!(policy.decide(5, 5, &Outcome::Done(Value::Null)), Decision::Complete);
+        assert_eq!(policy.decide(1, 5, YOUNG, &Outcome::Fail { error: "bad".into() }), Decision::DeadLetter);
+        assert_eq!(policy.decide(5, 5, YOUNG, &Outcome::Done(Value::Null)), Decision::Complete);
     }
 
     #[test]
     fn a_requested_delay_wins_below_the_cap_only() {
         let policy = RetryPolicy::default();
         let asked = Outcome::Retry { after: Some(Duration::from_secs(42)), error: "429".into() };
-        assert_eq!(policy.decide(2, 5, &asked), Decision::RetryIn(Duration::from_secs(42)));
-        assert_eq!(policy.decide(5, 5, &asked), Decision::DeadLetter);
+        assert_eq!(policy.decide(2, 5, YOUNG, &asked), Decision::RetryIn(Duration::from_secs(42)));
+        assert_eq!(policy.decide(5, 5, YOUNG, &asked), Decision::DeadLetter);
+    }
+
+    #[test]
+    fn not_now_costs_no_attempt_until_the_job_is_too_old_then_it_is_a_retry() {
+        let policy = RetryPolicy { max_not_now: Duration::from_secs(3600), ..RetryPolicy::default() };
+        let later = Outcome::NotNow { after: Duration::from_secs(42), error: "429".into() };
+        let table = [
+            ("young, first attempt", 1, YOUNG, Decision::DeferFor(Duration::from_secs(42))),
+            ("young, at the cap: still no record", 5, YOUNG, Decision::DeferFor(Duration::from_secs(42))),
+            ("young, past the cap", 9, Duration::from_secs(3599), Decision::DeferFor(Duration::from_secs(42))),
+            (
+                "too old: a retry after the delay",
+                2,
+                Duration::from_secs(3600),
+                Decision::RetryIn(Duration::from_secs(42)),
+            ),
+            ("too old, at the cap: the record", 5, Duration::from_secs(7200), Decision::DeadLetter),
+        ];
+        for (case, attempt, age, expected) in table {
+            assert_eq!(policy.decide(attempt, 5, age, &later), expected, "{case}");
+        }
+        assert_eq!(RetryPolicy::default().max_not_now, Duration::from_secs(24 * 3600));
     }
 
     #[test]
@@ -151,6 +206,11 @@ mod tests {
         assert_eq!(
             Outcome::from(throttled),
             Outcome::Retry { after: Some(Duration::from_secs(42)), error: "429".into() }
+        );
+        let later = JobError::not_now(Duration::from_secs(60), "maintenance");
+        assert_eq!(
+            Outcome::from(later),
+            Outcome::NotNow { after: Duration::from_secs(60), error: "maintenance".into() }
         );
     }
 

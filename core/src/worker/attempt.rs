@@ -27,6 +27,8 @@ use crate::policy::{Decision, Outcome, RetryPolicy};
 /// of its settlements.
 pub(super) struct Attempts {
     handlers: HashMap<String, Arc<dyn Erased>>,
+    /// The longest one attempt of a kind may run, where it is limited.
+    timeouts: HashMap<String, Duration>,
     /// What follows a run.
     policy: RetryPolicy,
     /// What admission reads.
@@ -41,14 +43,22 @@ pub(super) struct Attempts {
 }
 
 impl Attempts {
+    /// `timeouts` are the worker's own limits by kind, over the job types'.
     pub(super) fn new(
         handlers: HashMap<String, Arc<dyn Erased>>,
+        mut timeouts: HashMap<String, Duration>,
         config: &WorkerConfig,
         claim_lease: Duration,
     ) -> Self {
+        for (kind, handler) in &handlers {
+            if let Some(limit) = handler.timeout() {
+                timeouts.entry(kind.clone()).or_insert(limit);
+            }
+        }
         Self {
             handlers,
-            policy: RetryPolicy { backoff: config.backoff },
+            timeouts,
+            policy: RetryPolicy { backoff: config.backoff, max_not_now: config.max_not_now },
             rules: Rules { lease: config.lease, claim_lease, poll: config.poll, jitter: true },
             unsettled: AtomicUsize::new(0),
             abandon: CancellationToken::new(),
@@ -127,6 +137,8 @@ enum Ran {
     Abandoned,
     /// The key's hold could not be renewed; the handler was cancelled before it lapsed.
     HoldLapsing,
+    /// The handler ran to its kind's timeout, and was cancelled there.
+    TimedOut(Duration),
 }
 
 impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
@@ -189,7 +201,8 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         };
         let started = Instant::now();
         metrics::counter!("redrive_handlers_started_total", "kind" => job.kind.clone()).increment(1);
-        let ran = self.run_holding(&attempt, held, run).await;
+        let timeout = self.attempts.timeouts.get(&job.kind).copied();
+        let ran = self.run_holding(&attempt, held, run, timeout).await;
         let took = started.elapsed();
         self.claiming.handler_took(took);
         metrics::histogram!("redrive_handler_seconds", "kind" => job.kind.clone()).record(took.as_secs_f64());
@@ -244,8 +257,16 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         self.settle(what, || self.queue.complete(&attempt.claimed.lease, None)).await;
     }
 
-    /// Runs the handler while keeping its key held.
-    async fn run_holding(&self, attempt: &Attempt<'_>, held: &Held, run: BoxFuture<'static, HandlerResult>) -> Ran {
+    /// Runs the handler while keeping its key held, for at most `timeout`. A handler stopped
+    /// early is dropped here, whatever it was awaiting.
+    async fn run_holding(
+        &self,
+        attempt: &Attempt<'_>,
+        held: &Held,
+        run: BoxFuture<'static, HandlerResult>,
+        timeout: Option<Duration>,
+    ) -> Ran {
+        let limit = timeout.map(|limit| (limit, Instant::now() + limit));
         let mut run = AssertUnwindSafe(run).catch_unwind();
         let finished = |result: std::thread::Result<HandlerResult>| result.unwrap_or_else(|p| Err(panicked(p)));
         // A handler that is done at its first poll needs no timer. (That poll has a no-op waker;
@@ -257,6 +278,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             result = &mut run => Ran::Finished(finished(result)),
             () = self.keep_alive(attempt, held) => Ran::HoldLapsing,
             () = self.attempts.abandon.cancelled() => Ran::Abandoned,
+            () = until(limit.map(|(_, at)| at)) => Ran::TimedOut(limit.map_or(Duration::ZERO, |(limit, _)| limit)),
         }
     }
 
@@ -278,6 +300,11 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 warn!("the key's hold could not be renewed: the handler was cancelled before it lapsed");
                 self.counters.add_for(Count::Cancelled, kind, 1);
                 Err(JobError::retry("cancelled: the key's hold could not be renewed before it lapsed"))
+            }
+            Ran::TimedOut(limit) => {
+                warn!(timeout_ms = limit.as_millis() as u64, "the handler ran to its timeout and was cancelled");
+                self.counters.add_for(Count::TimedOut, kind, 1);
+                Err(JobError::retry(format!("timed out after {limit:?}")))
             }
         };
         let outcome = match (result, held.mode) {
@@ -309,7 +336,8 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     /// Carries out the retry policy's decision after a run.
     async fn decide(&self, attempt: &Attempt<'_>, outcome: Outcome) {
         let job = &attempt.claimed.job;
-        match self.attempts.policy.decide(job.attempt, job.cap, &outcome) {
+        let age = (chrono::Utc::now() - job.enqueued_at).to_std().unwrap_or_default();
+        match self.attempts.policy.decide(job.attempt, job.cap, age, &outcome) {
             Decision::Complete => {
                 debug!("done");
                 self.counters.add_for(Count::Succeeded, &job.kind, 1);
@@ -321,6 +349,17 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 self.counters.add_for(Count::Retried, &job.kind, 1);
                 self.settle("retry", || async { self.queue.retry(&attempt.lease(), delay, error).await }).await;
             }
+            Decision::DeferFor(delay) => {
+                // The span names the job, its kind, attempt and key; the handler's reason is its
+                // own words, never the payload.
+                info!(
+                    reason = error_of(&outcome),
+                    retry_in_ms = delay.as_millis() as u64,
+                    "not now: put back at no attempt's cost"
+                );
+                self.counters.add_for(Count::Deferred, &job.kind, 1);
+                self.settle("defer", || async { self.queue.defer(&attempt.lease(), delay).await }).await;
+            }
             Decision::DeadLetter => self.dead_letter(&attempt.claimed(), error_of(&outcome)).await,
         }
     }
@@ -329,6 +368,14 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
 fn error_of(outcome: &Outcome) -> &str {
     match outcome {
         Outcome::Done(_) => "",
-        Outcome::Retry { error, .. } | Outcome::Fail { error } => error,
+        Outcome::Retry { error, .. } | Outcome::Fail { error } | Outcome::NotNow { error, .. } => error,
+    }
+}
+
+/// Resolves at `at`, or never.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

@@ -40,11 +40,17 @@ where
 pub(super) trait Erased: Send + Sync {
     /// Decodes the payload and starts the handler on it; the error says why it does not decode.
     fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String>;
+    /// The job type's own limit on one attempt ([`Job::TIMEOUT`]).
+    fn timeout(&self) -> Option<std::time::Duration>;
 }
 
 pub(super) struct Typed<J, H>(pub(super) H, pub(super) std::marker::PhantomData<fn() -> J>);
 
 impl<J: Job, H: Handler<J>> Erased for Typed<J, H> {
+    fn timeout(&self) -> Option<std::time::Duration> {
+        J::TIMEOUT
+    }
+
     fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String> {
         // The message names the field and the expected type, never the value: it is logged,
         // stored as the record's last error and alerted.

@@ -92,6 +92,12 @@ pub struct WorkerConfig {
     /// counting them) once per this period of its age, found by the sweep, 16 times at most: a
     /// record nobody reads loses work as surely as a delete does (default `None`: no reminders).
     pub remind_after: Option<Duration>,
+    /// How long a job may be put back "not now" ([`JobError::not_now`](crate::JobError::not_now))
+    /// at no attempt's cost (default 24 h, [`DEFAULT_MAX_NOT_NOW`](crate::DEFAULT_MAX_NOT_NOW)).
+    /// Counted from when the job was first enqueued ([`JobRecord::enqueued_at`](crate::JobRecord)),
+    /// so no backend stores anything more for it; past it, a "not now" is an ordinary retry after
+    /// the delay asked for, spending an attempt, so a job cannot wait for ever unseen.
+    pub max_not_now: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -109,6 +115,7 @@ impl Default for WorkerConfig {
             shutdown_grace: Duration::from_secs(30),
             alert_sweep: Duration::from_secs(60),
             remind_after: None,
+            max_not_now: crate::policy::DEFAULT_MAX_NOT_NOW,
         }
     }
 }
@@ -139,6 +146,8 @@ pub struct WorkerBuilder<Q, L> {
     config: WorkerConfig,
     set: Overrides,
     handlers: HashMap<String, Arc<dyn Erased>>,
+    /// Limits on one attempt set for this worker, by kind, over the job types' own.
+    timeouts: HashMap<String, Duration>,
     alerts: Vec<Arc<dyn AlertSink>>,
 }
 
@@ -180,6 +189,15 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
     /// Registers the handler for job type `J`.
     pub fn handle<J: Job>(mut self, handler: impl Handler<J>) -> Self {
         self.handlers.insert(J::KIND.to_owned(), Arc::new(Typed(handler, std::marker::PhantomData)));
+        self
+    }
+
+    /// Limits one attempt of job type `J` to `limit` on this worker, over [`Job::TIMEOUT`]
+    /// (before or after [`handle`](Self::handle)): at the limit the handler's future is dropped,
+    /// and the attempt counts as a retryable failure, "timed out after …", with the key's hold
+    /// released and the usual retries, cap and failure record after it.
+    pub fn timeout<J: Job>(mut self, limit: Duration) -> Self {
+        self.timeouts.insert(J::KIND.to_owned(), limit);
         self
     }
 
@@ -280,7 +298,7 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
         Worker {
             shared: Arc::new(Shared {
                 claiming: Claiming::new(Kinds::Only(kinds), config.concurrency),
-                attempts: Attempts::new(self.handlers, &config, claim_lease),
+                attempts: Attempts::new(self.handlers, self.timeouts, &config, claim_lease),
                 alerting: Alerting::new(self.alerts),
                 queue: self.queue,
                 ledger: self.ledger,
@@ -324,6 +342,7 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> Worker<Q, L> {
             config: WorkerConfig::default(),
             set: Overrides::default(),
             handlers: HashMap::new(),
+            timeouts: HashMap::new(),
             alerts: Vec::new(),
         }
     }

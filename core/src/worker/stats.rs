@@ -12,7 +12,7 @@ pub struct WorkerStats {
     /// Jobs acknowledged without running because the ledger said the effect was done.
     pub skipped: u64,
     /// Jobs put back without spending an attempt: another attempt held the key, no handler for
-    /// the kind, or the effect ledger was unreachable.
+    /// the kind, the effect ledger was unreachable, or the handler said "not now".
     pub deferred: u64,
     /// Failed attempts put back for a retry.
     pub retried: u64,
@@ -27,6 +27,9 @@ pub struct WorkerStats {
     pub lease_lost: u64,
     /// Handlers cancelled because their key's hold could not be renewed before it lapsed.
     pub cancelled: u64,
+    /// Handlers cancelled at their kind's timeout (each a failed attempt, also counted as retried
+    /// or dead-lettered).
+    pub timed_out: u64,
     /// Alerts delivered (one per record and sink).
     pub alerted: u64,
     /// Jobs dropped unrun because they were claimed past their deadline (work worthless late).
@@ -34,7 +37,7 @@ pub struct WorkerStats {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Counters([AtomicU64; 12]);
+pub(super) struct Counters([AtomicU64; 13]);
 
 #[derive(Clone, Copy)]
 pub(super) enum Count {
@@ -50,6 +53,7 @@ pub(super) enum Count {
     Cancelled,
     Alerted,
     Expired,
+    TimedOut,
 }
 
 impl Count {
@@ -68,6 +72,7 @@ impl Count {
             Self::Cancelled => "cancelled",
             Self::Alerted => "alerted",
             Self::Expired => "expired",
+            Self::TimedOut => "timed_out",
         }
     }
 }
@@ -101,6 +106,7 @@ impl Counters {
             cancelled: get(Count::Cancelled),
             alerted: get(Count::Alerted),
             expired: get(Count::Expired),
+            timed_out: get(Count::TimedOut),
         }
     }
 }

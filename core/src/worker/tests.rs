@@ -706,3 +706,164 @@ async fn a_running_worker_dropped_without_a_shutdown_shuts_down() {
     assert_eq!(starts.lock().unwrap().len(), 1, "a dropped worker claims nothing more");
     assert_eq!(backend.counts().await.unwrap().queued, 1);
 }
+
+/// Every start of a job's handler: (its `n`, the attempt, when).
+type Starts = Arc<Mutex<Vec<(u32, u32, Instant)>>>;
+
+/// A `Ping` handler that says "not now" (for `delay`) at its first `times` starts of each job,
+/// then succeeds for even `n` and fails permanently for odd.
+fn not_now_then(starts: &Starts, times: usize, delay: Duration) -> impl Handler<Ping> + use<> {
+    let starts = Arc::clone(starts);
+    move |job: Ping, ctx: JobContext| {
+        let mut seen = starts.lock().unwrap();
+        seen.push((job.n, ctx.attempt, Instant::now()));
+        let earlier = seen.iter().filter(|(n, ..)| *n == job.n).count();
+        async move {
+            if earlier <= times {
+                return Err(JobError::not_now(delay, "429 Too Many Requests"));
+            }
+            if job.n % 2 == 1 {
+                return Err(JobError::permanent("card declined"));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn starts_of(starts: &Starts, n: u32) -> Vec<(u32, Instant)> {
+    starts.lock().unwrap().iter().filter(|(m, ..)| *m == n).map(|(_, a, at)| (*a, *at)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_now_puts_a_job_back_at_no_attempts_cost_past_the_cap_count() {
+    let backend = MemoryBackend::new();
+    // Cap 3; each says "not now" four times, one more than its cap.
+    backend.enqueue_job(&Ping { n: 10 }).await.unwrap();
+    backend.enqueue_job(&Ping { n: 11 }).await.unwrap();
+    let starts = Starts::default();
+    let delay = Duration::from_millis(150);
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(fast())
+        .handle::<Ping>(not_now_then(&starts, 4, delay))
+        .build()
+        .start();
+    succeeded(&worker, 1, Duration::from_secs(5)).await;
+    let record = records(&backend, 1).await.remove(0);
+    let stats = worker.shutdown().await;
+    for n in [10, 11] {
+        let runs = starts_of(&starts, n);
+        assert_eq!(runs.iter().map(|(a, _)| *a).collect::<Vec<_>>(), [1; 5], "job {n}: every run on attempt 1");
+        assert!(runs.windows(2).all(|w| w[1].1 - w[0].1 >= delay), "job {n} ran again before its delay");
+    }
+    assert_eq!((stats.succeeded, stats.deferred, stats.retried, stats.dead_lettered), (1, 8, 0, 1), "{stats:?}");
+    // The job that failed in the end: its record holds the one attempt, with the one error.
+    assert_eq!((record.key.as_str(), record.attempts), ("ping:n=11", 1));
+    let history: Vec<_> = record.errors.iter().map(|e| (e.attempt, e.error.as_str())).collect();
+    assert_eq!(history, [(1, "card declined")], "no error written for a \"not now\"");
+    assert_eq!(backend.count_open().await.unwrap(), 1, "no record for the job that succeeded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_older_than_max_not_now_spends_attempts_and_ends_as_a_record() {
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Ping { n: 12 }).await.unwrap();
+    let starts = Starts::default();
+    let config = WorkerConfig { max_not_now: Duration::from_millis(300), ..fast() };
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(config)
+        .handle::<Ping>(not_now_then(&starts, usize::MAX, Duration::from_millis(100)))
+        .build()
+        .start();
+    let record = records(&backend, 1).await.remove(0);
+    let stats = worker.shutdown().await;
+    let attempts: Vec<u32> = starts_of(&starts, 12).iter().map(|(a, _)| *a).collect();
+    // Young: put back on attempt 1, unspent; then each "not now" a retry, to the cap.
+    assert!(attempts.len() >= 4 && attempts.ends_with(&[1, 2, 3]), "{attempts:?}");
+    assert!(attempts[..attempts.len() - 2].iter().all(|a| *a == 1), "{attempts:?}");
+    assert_eq!((record.attempts, record.last_error.as_str()), (3, "429 Too Many Requests"));
+    assert_eq!(record.errors.iter().map(|e| e.attempt).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!((stats.retried, stats.dead_lettered), (2, 1), "{stats:?}");
+    assert!(stats.deferred >= 1, "{stats:?}");
+}
+
+/// A `Ping` with a limit on each attempt.
+#[derive(Serialize, Deserialize)]
+struct Timed {
+    n: u32,
+    /// How long its handler takes.
+    takes_ms: u64,
+}
+
+impl Job for Timed {
+    const KIND: &'static str = "timed";
+    const CAP: Option<u32> = Some(3);
+    const TIMEOUT: Option<Duration> = Some(Duration::from_millis(200));
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("n", self.n)
+    }
+}
+
+/// Counts the handlers dropped before they finished.
+struct DropCount(Arc<Mutex<u32>>);
+
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() += 1;
+    }
+}
+
+/// A `Timed` handler taking its job's time; counts its effects and the handlers dropped early.
+fn takes_its_time(effects: &Arc<Mutex<Vec<u32>>>, dropped: &Arc<Mutex<u32>>) -> impl Handler<Timed> + use<> {
+    let (effects, dropped) = (Arc::clone(effects), Arc::clone(dropped));
+    move |job: Timed, _ctx: JobContext| {
+        let (effects, guard) = (Arc::clone(&effects), DropCount(Arc::clone(&dropped)));
+        async move {
+            tokio::time::sleep(Duration::from_millis(job.takes_ms)).await;
+            effects.lock().unwrap().push(job.n);
+            std::mem::forget(guard); // finished: not dropped early
+            Ok::<_, JobError>(())
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_past_its_timeout_is_cancelled_and_retried_to_a_record_and_a_quick_one_succeeds() {
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Timed { n: 1, takes_ms: 10_000 }).await.unwrap();
+    backend.enqueue_job(&Timed { n: 2, takes_ms: 20 }).await.unwrap();
+    let (effects, dropped) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(0)));
+    let started = Instant::now();
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .config(WorkerConfig { lease: Duration::from_secs(30), ..fast() })
+        .handle::<Timed>(takes_its_time(&effects, &dropped))
+        .build()
+        .start();
+    let record = records(&backend, 1).await.remove(0);
+    let took = started.elapsed();
+    let stats = worker.shutdown().await;
+    assert_eq!(*effects.lock().unwrap(), [2], "the quick job's effect, and none of the slow one's");
+    assert_eq!(*dropped.lock().unwrap(), 3, "each attempt's handler dropped at the limit");
+    assert_eq!((record.key.as_str(), record.attempts), ("timed:n=1", 3));
+    assert_eq!(record.last_error, "timed out after 200ms");
+    assert!(record.errors.iter().all(|e| e.error.starts_with("timed out after")), "{:?}", record.errors);
+    // Three limits, not a lease: the key's hold was released for each retry.
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert_eq!((stats.timed_out, stats.retried, stats.succeeded, stats.dead_lettered), (3, 2, 1, 1), "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_own_timeout_overrides_the_job_types() {
+    let backend = MemoryBackend::new();
+    backend.enqueue_job(&Timed { n: 3, takes_ms: 400 }).await.unwrap();
+    let (effects, dropped) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(0)));
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .timeout::<Timed>(Duration::from_secs(5))
+        .config(fast())
+        .handle::<Timed>(takes_its_time(&effects, &dropped))
+        .build()
+        .start();
+    succeeded(&worker, 1, Duration::from_secs(5)).await;
+    let stats = worker.shutdown().await;
+    assert_eq!((effects.lock().unwrap().clone(), *dropped.lock().unwrap()), (vec![3], 0));
+    assert_eq!((stats.succeeded, stats.timed_out), (1, 0), "{stats:?}");
+}
