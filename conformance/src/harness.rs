@@ -12,7 +12,7 @@ use redrive_core::alert::BoxFuture;
 use redrive_core::kit::{Capabilities, Claim, Dedupe, Ledger};
 use redrive_core::{
     Alert, AlertSink, Backoff, DeadLetter, Error, FailureId, FailureQuery, FailureRecord, IdempotencyKey, Job,
-    JobContext, JobError, KeyBuilder, NewJob, ProviderKey, RunningWorker, Worker, WorkerConfig,
+    JobContext, JobError, KeyBuilder, NewJob, ProviderKey, RunningWorker, Worker, WorkerBuilder, WorkerConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -122,6 +122,13 @@ pub(crate) enum Fault {
     /// On the first attempt, calls the provider (recorded with the provider key), then kills its
     /// worker; later attempts call and succeed.
     CallThenKillFirst,
+    /// Says "not now" (for the duration) at the first `n` starts of the key, then succeeds.
+    NotNowFirst(u32, Duration),
+    /// Says "not now" (for the duration) at the first `n` starts of the key, then fails
+    /// permanently.
+    NotNowThenFail(u32, Duration),
+    /// Takes this long before its effect.
+    Takes(Duration),
 }
 
 #[derive(Default)]
@@ -206,6 +213,15 @@ impl Script {
             Some(Fault::FailFirstStart) if self.starts_of(&ctx.key).len() == 1 => {
                 return Err(JobError::retry("forced failure of the first start"));
             }
+            Some(Fault::NotNowFirst(n, delay) | Fault::NotNowThenFail(n, delay))
+                if self.starts_of(&ctx.key).len() <= n as usize =>
+            {
+                return Err(JobError::not_now(delay, format!("not now: probe {} is rate limited", job.id)));
+            }
+            Some(Fault::NotNowThenFail(..)) => {
+                return Err(JobError::permanent(format!("forced permanent failure of probe {}", job.id)));
+            }
+            Some(Fault::Takes(time)) => tokio::time::sleep(time).await,
             Some(Fault::CallThenKillFirst) => {
                 self.calls.lock().unwrap().push((ctx.key.clone(), ctx.provider_key));
                 if ctx.attempt == 1 && !ctx.earlier_attempt_pending {
@@ -324,6 +340,17 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
         config: WorkerConfig,
         handles: Handles,
     ) -> RunningWorker {
+        self.builder_for(queue, ledger, config, handles).build().start()
+    }
+
+    /// A worker's builder with handlers for `handles` only, for a scenario to add to.
+    pub(crate) fn builder_for<Q2: Claim + DeadLetter + 'static, L2: Ledger + 'static>(
+        &self,
+        queue: Q2,
+        ledger: L2,
+        config: WorkerConfig,
+        handles: Handles,
+    ) -> WorkerBuilder<Q2, L2> {
         let mut builder = Worker::builder(queue, ledger).config(config).alert(AlertLog(Arc::clone(&self.script)));
         if handles != Handles::Others {
             let script = Arc::clone(&self.script);
@@ -339,7 +366,7 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
                 async move { script.handle(Probe { id: job.id, body: job.body }, ctx).await }
             });
         }
-        builder.build().start()
+        builder
     }
 
     /// A worker whose view of the subject can be frozen (stalled, broken or killed) through

@@ -11,8 +11,9 @@
 //!
 //! The first fourteen are the promise under ordinary operation; then comes the **fault half**:
 //! the same promise while renewals stall, the ledger is down, workers die or run only some kinds.
-//! The last four hold the backend to the [`Capabilities`](redrive_core::kit::Capabilities) it declares
-//! that nothing else reads: each capability is a promise the suite checks.
+//! Then four hold the backend to the [`Capabilities`](redrive_core::kit::Capabilities) it declares
+//! that nothing else reads: each capability is a promise the suite checks. The last are flow
+//! control: a handler's "not now" and a timeout per kind.
 //!
 //! | # | scenario | the invariant |
 //! |---|---|---|
@@ -50,6 +51,8 @@
 //! | 32 | [`claim_by_kind`] | a claim for one kind: no other kind where `claim_by_kind` is declared; handed back at no cost where not |
 //! | 33 | [`crash_refunds`] | a claim that lapses unstarted: the attempt given back where `crash_refunds` is declared, charged where not |
 //! | 34 | [`max_delay`] | a job scheduled within `max_delay` is held back by the backend; past it, claimed early only with its time |
+//! | 35 | [`not_now`] | "not now" past the cap count: no attempt, no error, no record, the effect once; a job past `max_not_now` ends as a full record |
+//! | 36 | [`timeout`] | a handler past its kind's timeout: cancelled, retried to a full "timed out after" record, the key free; a quick one once |
 //!
 //! # Running it against your backend
 //!
@@ -88,6 +91,7 @@
 mod capabilities;
 mod faults;
 mod flaky;
+mod flow;
 mod frozen;
 mod harness;
 mod leases;
@@ -109,6 +113,7 @@ use std::time::Duration;
 pub use capabilities::{atomic_batch, claim_by_kind, crash_refunds, max_delay};
 pub use faults::*;
 pub use flaky::FlakyStore;
+pub use flow::{not_now, timeout};
 pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
 pub use leases::{dead_worker, graceful_shutdown, slow_handler, stale_lease, stranded_claims};
 pub use limits::*;
@@ -270,7 +275,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 34] = [
+pub const SCENARIOS: [&str; 36] = [
     "replay",
     "race",
     "exhaust",
@@ -305,6 +310,8 @@ pub const SCENARIOS: [&str; 34] = [
     "claim_by_kind",
     "crash_refunds",
     "max_delay",
+    "not_now",
+    "timeout",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -316,7 +323,8 @@ macro_rules! suite {
             dead_worker stale_lease many_workers discard_and_purge graceful_shutdown stranded_claims slow_handler
             stalled_heartbeat busy_never_dead_letters ledger_outage provider_key_once mixed_kinds crash_loop
             alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled
-            settle_retried payload_limits no_receipt_in_logs atomic_batch claim_by_kind crash_refunds max_delay);
+            settle_retried payload_limits no_receipt_in_logs atomic_batch claim_by_kind crash_refunds max_delay
+            not_now timeout);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

@@ -87,6 +87,11 @@ enum Fault {
     /// Not a fault: enqueue keeps a job's time apart and makes the job ready at once; claims
     /// carry the time, as a broker's past its delay cap do, for the worker to wait.
     WorkerSchedules,
+    /// Each claim says the job was enqueued just now, as a broker that stamps a deferral's copy
+    /// with the time it was sent would: a job's age starts again at every deferral.
+    ForgetsAge,
+    /// `release_hold` does nothing: a key stays held until its hold lapses.
+    HoldKept,
     /// Not a fault: declares what a broker does (no atomic batch, no claim by kind, no crash
     /// refunds, no delay of its own), so that the suite holds it to less.
     DeclaresLess,
@@ -176,6 +181,11 @@ impl Claim for Broken {
         if self.has(Fault::WorkerSchedules) {
             for c in &mut claimed {
                 c.job.not_before = self.3.lock().unwrap().get(&c.job.key).copied();
+            }
+        }
+        if self.has(Fault::ForgetsAge) {
+            for c in &mut claimed {
+                c.job.enqueued_at = Utc::now();
             }
         }
         if self.has(Fault::ClaimsStart) {
@@ -313,6 +323,9 @@ impl Ledger for Broken {
         self.0.extend_hold(hold, by).await
     }
     async fn release_hold(&self, hold: &Hold) -> Result<()> {
+        if self.has(Fault::HoldKept) {
+            return Ok(());
+        }
         self.0.release_hold(hold).await
     }
     async fn finish(&self, hold: &Hold, result: &Value) -> Result<()> {
@@ -567,4 +580,24 @@ async fn an_error_quoting_a_receipt_fails_no_receipt_in_logs() {
 async fn a_receipt_in_a_log_line_fails_no_receipt_in_logs() {
     let violation = redrive_conformance::no_receipt_in_logs(broken(&[Fault::LogsToken], timing())).await.unwrap_err();
     assert!(violation.message.contains("written to the log"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferrals_that_count_as_attempts_fail_not_now() {
+    let violation = redrive_conformance::not_now(broken(&[Fault::DeferIsRetry], timing())).await.unwrap_err();
+    // A "not now" spent an attempt: the job with a cap of 2 ran attempt 2, and ended as a record.
+    assert!(violation.message.contains("costs no attempt"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferral_that_forgets_the_jobs_age_fails_not_now() {
+    let timing = Timing { timeout: Duration::from_secs(5), ..timing() };
+    let violation = redrive_conformance::not_now(broken(&[Fault::ForgetsAge], timing)).await.unwrap_err();
+    assert!(violation.message.contains("lets it wait for ever"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_kept_after_a_timeout_fails_timeout() {
+    let violation = redrive_conformance::timeout(broken(&[Fault::HoldKept], timing())).await.unwrap_err();
+    assert!(violation.message.contains("releases the key's hold"), "{violation}");
 }
