@@ -314,7 +314,8 @@ pub struct JobContext {
 /// Why a handler did not finish, and what should happen next.
 ///
 /// `?` turns any `std::error::Error` into a retryable `JobError`; say
-/// [`JobError::permanent`] when retrying cannot help.
+/// [`JobError::permanent`] when retrying cannot help, and [`JobError::not_now`] when the job is
+/// not at fault and should wait without spending an attempt (a rate limit, a maintenance window).
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobError {
     message: String,
