@@ -16,7 +16,7 @@ use sqlx::{PgPool, Row};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
-use crate::error::{db_shared, is_connection_loss};
+use crate::error::{db, is_connection_loss};
 use crate::sql::{Queries, q};
 
 struct Request {
@@ -124,9 +124,9 @@ async fn flush(pool: &PgPool, sql: &Queries, batch: Vec<Request>) {
 /// retry flag (a deadlock or a serialization failure is temporary, and the worker tries the
 /// completion again; a broken statement is not) and source, shared rather than re-made.
 fn fail(batch: Vec<Request>, e: sqlx::Error) {
-    let e = Arc::new(e);
+    let e = db(e, "complete");
     for r in batch {
-        let _ = r.reply.send(Err(db_shared(&e, "complete")));
+        let _ = r.reply.send(Err(e.clone()));
     }
 }
 

@@ -1,7 +1,5 @@
 //! sqlx errors mapped onto redrive's error kinds, in one place.
 
-use std::sync::Arc;
-
 use redrive_core::{Error, ErrorKind, Retry};
 
 /// Maps a sqlx error from `what` to a redrive error: connection and contention failures are
@@ -9,12 +7,6 @@ use redrive_core::{Error, ErrorKind, Retry};
 /// connection string or the bound values.
 pub(crate) fn db(e: sqlx::Error, what: &str) -> Error {
     classified(&e, what).with_source(e)
-}
-
-/// [`db`] for an error that several callers get (a batch's statement failing for every call in
-/// it): each gets the same kind, retry flag and message, with the one source shared.
-pub(crate) fn db_shared(e: &Arc<sqlx::Error>, what: &str) -> Error {
-    classified(e, what).with_source(Arc::clone(e))
 }
 
 /// The error `e` maps to, without its source.

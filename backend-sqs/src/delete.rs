@@ -8,7 +8,7 @@ use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
 use redrive_core::{Error, Result};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::error::{classify, sdk_shared};
+use crate::error::{classify, sdk};
 
 struct Request {
     receipt: String,
@@ -87,9 +87,9 @@ async fn flush(client: &Client, url: &str, batch: Vec<Request>) {
         }
         Err(e) => {
             // Each completion gets the failure whole: its kind, retry flag and the SDK's error.
-            let error = sdk_shared(e, "delete batch");
+            let error = sdk(e, "delete batch");
             for r in batch {
-                let _ = r.reply.send(Err(error()));
+                let _ = r.reply.send(Err(error.clone()));
             }
         }
     }
@@ -110,8 +110,8 @@ mod tests {
         let timeout = SdkError::<DeleteMessageBatchError, aws_sdk_sqs::config::http::HttpResponse>::timeout_error(
             std::io::Error::other("read timed out"),
         );
-        let error = sdk_shared(timeout, "delete batch");
-        for e in [error(), error()] {
+        let error = sdk(timeout, "delete batch");
+        for e in [error.clone(), error] {
             assert_eq!((e.kind(), e.retry()), (ErrorKind::Backend, Retry::Temporary));
             assert_eq!(e.message(), "sqs: delete batch (no code)");
             assert!(e.source().is_some(), "the SDK's error is kept as the source");

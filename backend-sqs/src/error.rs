@@ -1,7 +1,5 @@
 //! AWS SDK errors mapped onto redrive's error kinds, in one place.
 
-use std::sync::Arc;
-
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use redrive_core::{Error, ErrorKind, Retry};
 
@@ -15,19 +13,6 @@ where
 {
     let (kind, retry, message) = describe(&e, what);
     Error::new(kind, message).with_retry(retry).with_source(e)
-}
-
-/// [`sdk`] for a call whose failure answers several callers (a batch shared by concurrent
-/// completions): each error made has the kind, retry flag and message, and the SDK's error as
-/// its source.
-pub(crate) fn sdk_shared<E, R>(e: SdkError<E, R>, what: &str) -> impl Fn() -> Error
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    R: std::fmt::Debug + Send + Sync + 'static,
-{
-    let (kind, retry, message) = describe(&e, what);
-    let source = Arc::new(e);
-    move || Error::new(kind, message.clone()).with_retry(retry).with_source(Arc::clone(&source))
 }
 
 fn describe<E, R>(e: &SdkError<E, R>, what: &str) -> (ErrorKind, Retry, String)

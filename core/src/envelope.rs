@@ -125,18 +125,6 @@ impl Envelope {
     }
 }
 
-impl From<&NewJob> for Envelope {
-    fn from(job: &NewJob) -> Self {
-        Self::new(job)
-    }
-}
-
-impl From<&JobRecord> for Envelope {
-    fn from(job: &JobRecord) -> Self {
-        Self::from_job(job)
-    }
-}
-
 /// Whole seconds are not enough to order jobs; a fixed precision keeps bodies stable.
 fn millis<S: serde::Serializer>(at: &DateTime<Utc>, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&at.to_rfc3339_opts(SecondsFormat::Millis, true))
@@ -195,10 +183,10 @@ mod tests {
     fn a_claimed_job_travels_again_as_it_was_enqueued() {
         let key = IdempotencyKey::builder("ship").fact("parcel", 9).build().unwrap();
         let at = DateTime::parse_from_rfc3339("2026-12-01T12:00:00.250Z").unwrap().with_timezone(&Utc);
-        let sent = Envelope::from(&NewJob::new("ship", key, json!({"parcel": 9})).unwrap().expires_at(at));
+        let sent = Envelope::new(&NewJob::new("ship", key, json!({"parcel": 9})).unwrap().expires_at(at));
         let job = sent.clone().into_job(JobId("m-9".into()), 2, None);
         assert_eq!((job.id.0.as_str(), job.attempt, job.stranded, job.deadline), ("m-9", 2, 0, Some(at)));
-        assert_eq!(Envelope::from(&job), sent, "the first enqueue time and every field kept");
+        assert_eq!(Envelope::from_job(&job), sent, "the first enqueue time and every field kept");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The one error type of redrive: a kind, a retry flag and a message.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// What went wrong, in terms a caller can act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,12 +46,14 @@ pub enum Retry {
 ///
 /// Carries a [`ErrorKind`], a [`Retry`] flag and a message that never contains a payload,
 /// a receipt, a token or a connection string.
-#[derive(Debug)]
+/// Cloning shares the source, so one failure can answer many callers (a batch's statement, a
+/// batched delete) whole.
+#[derive(Debug, Clone)]
 pub struct Error {
     kind: ErrorKind,
     retry: Retry,
     message: String,
-    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 /// `Result` with redrive's [`Error`].
@@ -79,7 +82,7 @@ impl Error {
 
     /// Attaches the underlying error.
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        self.source = Some(Box::new(source));
+        self.source = Some(Arc::new(source));
         self
     }
 

@@ -3,7 +3,7 @@
 //! that queue while one commit syncs go together in the next. Each caller still hears back only
 //! once its completion is committed.
 
-use redrive_core::{Error, Result};
+use redrive_core::Result;
 use sqlx::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
 
@@ -41,9 +41,9 @@ pub(super) fn start(writer: SqlitePool) -> mpsc::Sender<Completion> {
                     }
                 }
                 Err(e) => {
+                    // Each completion gets the failure whole: kind, retry flag, message, source.
                     for completion in batch {
-                        let each = Error::new(e.kind(), e.to_string()).with_retry(e.retry());
-                        let _ = completion.done.send(Err(each));
+                        let _ = completion.done.send(Err(e.clone()));
                     }
                 }
             }

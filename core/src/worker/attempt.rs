@@ -266,7 +266,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         run: BoxFuture<'static, HandlerResult>,
         timeout: Option<Duration>,
     ) -> Ran {
-        let limit = timeout.map(|limit| (limit, Instant::now() + limit));
+        let deadline = timeout.map(|limit| Instant::now() + limit);
         let mut run = AssertUnwindSafe(run).catch_unwind();
         let finished = |result: std::thread::Result<HandlerResult>| result.unwrap_or_else(|p| Err(panicked(p)));
         // A handler that is done at its first poll needs no timer. (That poll has a no-op waker;
@@ -278,7 +278,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             result = &mut run => Ran::Finished(finished(result)),
             () = self.keep_alive(attempt, held) => Ran::HoldLapsing,
             () = self.attempts.abandon.cancelled() => Ran::Abandoned,
-            () = until(limit.map(|(_, at)| at)) => Ran::TimedOut(limit.map_or(Duration::ZERO, |(limit, _)| limit)),
+            () = until(deadline) => Ran::TimedOut(timeout.unwrap_or_default()),
         }
     }
 
