@@ -87,6 +87,14 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
 
     /// Adds the business facts that identify this job's one intended effect.
     fn key(&self, key: KeyBuilder) -> KeyBuilder;
+
+    /// The fact a kind's per-key limits count by ([`Limits::key_concurrency`](crate::Limits),
+    /// [`Limits::key_rate`](crate::Limits)): a tenant, an account. Jobs with the same value share
+    /// the limit; the rest of the kind is unaffected. `None` (the default): the job is counted by
+    /// the kind's limits alone.
+    fn limit_key(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A job ready to enqueue: its keys are fixed here, once, and never re-derived by a retry.

@@ -11,6 +11,9 @@
 //! - [`broker`] is what message-queue backends (SQS, Azure, QStash) share: they implement its
 //!   `Broker` calls and keep failure records in a [`RecordStore`] (a record is [`Taken`] while
 //!   a replay sends it), and carry jobs in an [`Envelope`].
+//! - A ledger may keep flow control ([`Ledger::flow`], the application's [`Flow`](crate::Flow));
+//!   its stores share the checks [`check_pause`] and [`check_kind`] and the [`gcra`] step, and
+//!   hand out [`Tokens`] and [`Slot`]s ([`NoFlow`] where a ledger keeps none).
 //! - [`require_audit`] is the check every backend makes before a discard or a replay.
 //! - [`BoxFuture`] is the boxed future of the object-safe traits ([`RecordStore`], alert sinks).
 //!
@@ -41,8 +44,8 @@ pub mod broker;
 
 pub use crate::alert::BoxFuture;
 pub use crate::backend::{
-    AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Dedupe, Hold, Kinds, Lease, Ledger, NoRenewal, Renew,
-    require_audit,
+    AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Dedupe, Hold, Kinds, Lease, Ledger, NoFlow, NoRenewal,
+    Renew, Slot, Tokens, check_kind, check_pause, gcra, require_audit,
 };
 pub use crate::envelope::{ENVELOPE_VERSION, Envelope};
 pub use crate::job::{JobRecord, payload_fingerprint};

@@ -74,8 +74,9 @@ pub mod worker;
 pub use alert::WebhookAlerts;
 pub use alert::{Alert, AlertSink, AlertSinkExt, BoxFuture, TracingAlerts};
 pub use backend::{
-    Counts, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId, FailureQuery, FailureRecord, QueueStats,
-    QueueStatsExt, RecordState, Replay, ReplayExt, ReplayOutcome,
+    BREAKER, Counts, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId, FailureQuery, FailureRecord, Flow,
+    FlowAction, FlowEvent, KindFlow, Limits, Paused, QueueStats, QueueStatsExt, Rate, RecordState, Replay, ReplayExt,
+    ReplayOutcome,
 };
 pub use error::{Error, ErrorKind, Result, Retry};
 pub use job::{DEFAULT_CAP, Job, JobContext, JobError, JobId, JobRecord, NewJob, Retrying, Severity};

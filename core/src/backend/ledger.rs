@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::Lease;
+use super::flow::{Flow, NoFlow};
 use crate::error::Result;
 use crate::key::{IdempotencyKey, ProviderKey};
 use crate::redact::debug_redacted;
@@ -63,6 +64,13 @@ pub trait Ledger: Send + Sync {
 
     /// Marks the effect done with its result. Idempotent.
     fn finish(&self, hold: &Hold, result: &Value) -> impl Future<Output = Result<()>> + Send;
+
+    /// The ledger's [`Flow`] store, where its database keeps one: paused kinds and limits shared
+    /// by every worker using this ledger. Without one, a worker keeps flow control in its own
+    /// process (pauses and limits hold per process, and nothing is durable).
+    fn flow(&self) -> Option<&impl Flow> {
+        None::<&NoFlow>
+    }
 }
 
 debug_redacted!(Hold { show: [key, provider_key, lease], hide: [token] });

@@ -9,6 +9,7 @@
 //! | [`DeadLetter`] | read and manage failure records |
 //! | [`Replay`] | put a failure record's job back with its original keys |
 //! | [`Ledger`] | the effect ledger: fresh / pending / done per key, with the key's provider key |
+//! | [`Flow`] | optional, in the ledger's database: paused kinds, limits, rate buckets and concurrency slots |
 //! | [`QueueStats`] | how many jobs are queued and running |
 //!
 //! Conveniences (typed jobs, replay by filter, waiting for a queue to drain) live in
@@ -26,6 +27,7 @@
 mod claim;
 mod dead_letter;
 mod enqueue;
+mod flow;
 mod ledger;
 mod stats;
 
@@ -37,6 +39,10 @@ pub use dead_letter::{
     require_audit,
 };
 pub use enqueue::{Enqueue, EnqueueExt, Enqueued};
+pub use flow::{
+    BREAKER, Flow, FlowAction, FlowEvent, KindFlow, Limits, NoFlow, Paused, Rate, Slot, Tokens, check_kind,
+    check_pause, gcra,
+};
 pub use ledger::{Begin, Hold, Ledger};
 pub use stats::{Counts, QueueStats, QueueStatsExt};
 

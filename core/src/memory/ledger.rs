@@ -105,4 +105,8 @@ impl Ledger for MemoryBackend {
         }
         Ok(())
     }
+
+    fn flow(&self) -> Option<&impl crate::backend::Flow> {
+        Some(self)
+    }
 }

@@ -22,6 +22,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::job::{JobId, JobRecord, NewJob};
 use crate::key::IdempotencyKey;
 
+mod flow;
 mod ledger;
 mod records;
 #[cfg(test)]
@@ -46,6 +47,7 @@ struct State {
     ledger: HashMap<IdempotencyKey, LedgerEntry>,
     /// When the ledger was last swept of done keys past their retention.
     ledger_swept: Option<Instant>,
+    flow: flow::FlowState,
 }
 
 #[derive(Debug)]

@@ -42,6 +42,10 @@ pub(super) trait Erased: Send + Sync {
     fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String>;
     /// The job type's own limit on one attempt ([`Job::TIMEOUT`]).
     fn timeout(&self) -> Option<std::time::Duration>;
+    #[allow(dead_code, reason = "read by the flow rules, next commit")]
+    /// The job's [`Job::limit_key`]; `None` as well when the payload does not decode (the
+    /// attempt finds that out and says why).
+    fn limit_key(&self, payload: &Value) -> Option<String>;
 }
 
 pub(super) struct Typed<J, H>(pub(super) H, pub(super) std::marker::PhantomData<fn() -> J>);
@@ -49,6 +53,11 @@ pub(super) struct Typed<J, H>(pub(super) H, pub(super) std::marker::PhantomData<
 impl<J: Job, H: Handler<J>> Erased for Typed<J, H> {
     fn timeout(&self) -> Option<std::time::Duration> {
         J::TIMEOUT
+    }
+
+    fn limit_key(&self, payload: &Value) -> Option<String> {
+        let decoded = std::panic::catch_unwind(AssertUnwindSafe(|| crate::decode::payload::<J>(payload)));
+        decoded.ok()?.ok()?.limit_key()
     }
 
     fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String> {
