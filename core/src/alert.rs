@@ -41,10 +41,44 @@ impl Alert {
     }
 }
 
+/// A kind paused by its circuit breaker: its jobs failed one after another, so they wait (at no
+/// attempt's cost) instead of each using up its attempts into a failure record. Sent once per
+/// pause, by the worker whose pause stood.
+#[derive(Debug, Clone)]
+pub struct PauseAlert {
+    /// The job kind.
+    pub kind: String,
+    /// Retryable failures in a row that tripped the breaker.
+    pub failures: u32,
+    /// The last of them, as the handler said it (never a payload).
+    pub last_error: String,
+    /// How often a probe job is let through; the kind resumes when one succeeds.
+    pub probe_every: std::time::Duration,
+    /// When.
+    pub raised_at: DateTime<Utc>,
+}
+
+impl PauseAlert {
+    /// One line for a person: which kind, why, and what happens next.
+    pub fn summary(&self) -> String {
+        format!(
+            "job kind `{}` paused by its circuit breaker after {} failures in a row (last error: {}); its jobs wait without spending attempts, a probe runs every {:?}, and the kind resumes when one succeeds (`redrive kind resume {}` resumes it now)",
+            self.kind, self.failures, self.last_error, self.probe_every, self.kind
+        )
+    }
+}
+
 /// Where alerts go. Object-safe, so a worker can hold several.
 pub trait AlertSink: Send + Sync + 'static {
     /// Delivers one alert. An error is logged by the worker; the record is kept either way.
     fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, Result<()>>;
+
+    /// Announces a kind its circuit breaker paused. By default it is logged at error level, as
+    /// [`TracingAlerts`] does; a sink that pages implements it to page.
+    fn paused<'a>(&'a self, alert: &'a PauseAlert) -> BoxFuture<'a, Result<()>> {
+        tracing::error!(kind = %alert.kind, "{}", alert.summary());
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 /// Routes by severity: [`at_least`](AlertSinkExt::at_least) passes on only the alerts of records
@@ -79,6 +113,11 @@ pub struct AtLeast<S> {
 impl<S: AlertSink> AlertSink for AtLeast<S> {
     fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, Result<()>> {
         if alert.record.severity >= self.severity { self.sink.send(alert) } else { Box::pin(async { Ok(()) }) }
+    }
+
+    /// A paused kind stops all of its jobs, whatever their severity: always passed on.
+    fn paused<'a>(&'a self, alert: &'a PauseAlert) -> BoxFuture<'a, Result<()>> {
+        self.sink.paused(alert)
     }
 }
 
@@ -148,7 +187,7 @@ pub use webhook::WebhookAlerts;
 mod webhook {
     use std::time::Duration;
 
-    use super::{Alert, AlertSink, BoxFuture};
+    use super::{Alert, AlertSink, BoxFuture, PauseAlert};
     use crate::error::{Error, ErrorKind, Result};
 
     /// Posts each alert as Slack-compatible JSON (`{"text": …}`) to a webhook URL.
@@ -180,8 +219,19 @@ mod webhook {
 
     impl AlertSink for WebhookAlerts {
         fn send<'a>(&'a self, alert: &'a Alert) -> BoxFuture<'a, Result<()>> {
-            Box::pin(async move {
-                let body = serde_json::json!({ "text": alert.summary() });
+            Box::pin(self.post(alert.summary()))
+        }
+
+        fn paused<'a>(&'a self, alert: &'a PauseAlert) -> BoxFuture<'a, Result<()>> {
+            Box::pin(self.post(alert.summary()))
+        }
+    }
+
+    impl WebhookAlerts {
+        /// Posts one line, as Slack's incoming webhooks take it.
+        async fn post(&self, text: String) -> Result<()> {
+            {
+                let body = serde_json::json!({ "text": text });
                 let response = self
                     .client
                     .post(self.url.clone())
@@ -194,7 +244,7 @@ mod webhook {
                     return Err(Error::temporary(format!("alert webhook answered {}", response.status())));
                 }
                 Ok(())
-            })
+            }
         }
     }
 }

@@ -72,7 +72,7 @@ pub mod worker;
 
 #[cfg(feature = "webhook")]
 pub use alert::WebhookAlerts;
-pub use alert::{Alert, AlertSink, AlertSinkExt, BoxFuture, TracingAlerts};
+pub use alert::{Alert, AlertSink, AlertSinkExt, BoxFuture, PauseAlert, TracingAlerts};
 pub use backend::{
     BREAKER, Counts, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId, FailureQuery, FailureRecord, Flow,
     FlowAction, FlowEvent, KindFlow, Limits, Paused, QueueStats, QueueStatsExt, Rate, RecordState, Replay, ReplayExt,
@@ -83,7 +83,7 @@ pub use job::{DEFAULT_CAP, Job, JobContext, JobError, JobId, JobRecord, NewJob, 
 pub use key::{IdempotencyKey, KeyBuilder, ProviderKey};
 pub use memory::MemoryBackend;
 pub use policy::{Backoff, DEFAULT_MAX_NOT_NOW, Decision, Outcome, RetryPolicy};
-pub use worker::{Handler, RunningWorker, Worker, WorkerBuilder, WorkerConfig, WorkerStats, stop_signal};
+pub use worker::{Breaker, Handler, RunningWorker, Worker, WorkerBuilder, WorkerConfig, WorkerStats, stop_signal};
 
 /// What an application imports: `use redrive_core::prelude::*;`.
 ///

@@ -4,17 +4,19 @@
 //! and ask again when they have learned what the answer asked for (the ledger's answer, whether
 //! the payload decodes). Each branch is a row of the table test below.
 //!
-//! A new rule (a paused kind, a rate limit, an open breaker, a concurrency slot per kind) is a
-//! fact in [`Facts`], a check in [`admit`] at its place in the order (most "not now" rules
-//! belong before the key's hold is taken: waiting then costs the ledger nothing), a reason in
-//! [`Deferral`] when it puts the job back, and a row in the table; the mechanics then count,
-//! log and settle it by its reason (`defer` in `attempt.rs`). A new kind of answer is a variant
+//! A new rule is a fact in [`Facts`], a check in [`admit`] at its place in the order (most
+//! "not now" rules belong before the key's hold is taken: waiting then costs the ledger
+//! nothing), a reason in [`Deferral`] when it puts the job back, and a row in the table; the
+//! mechanics then count, log and settle it by its reason (`defer` in `attempt.rs`). Flow
+//! control is such a rule: its facts are whether the kind is ruled and the [`Gate`]'s answer
+//! (`flow.rs` takes the slots and tokens the answer needs). A new kind of answer is a variant
 //! of [`Admission`] and one arm of the match in `process` (`attempt.rs`) that carries it out.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::flow::Gate;
 use crate::job::JobRecord;
 use crate::policy::Backoff;
 
@@ -40,6 +42,10 @@ pub(super) struct Facts<'a> {
     pub(super) key: Option<KeyState>,
     /// Why the payload does not decode for its handler, once decoding it failed.
     pub(super) payload_error: Option<String>,
+    /// Whether its kind is paused or limited, as the flow store last said.
+    pub(super) flow_ruled: bool,
+    /// What flow control answered; `None` until it was asked.
+    pub(super) gate: Option<Gate>,
 }
 
 impl<'a> Facts<'a> {
@@ -57,6 +63,8 @@ impl<'a> Facts<'a> {
             stranded: job.stranded,
             key: None,
             payload_error: None,
+            flow_ruled: false,
+            gate: None,
         }
     }
 }
@@ -107,11 +115,21 @@ pub(super) enum Deferral {
     NotDue,
     /// Another attempt holds its key.
     KeyBusy,
-    /// The effect ledger could not be reached (the error, as it reads, for the log).
+    /// The effect ledger (or its flow store) could not be reached (the error, as it reads, for
+    /// the log).
     LedgerDown {
         /// The ledger's error.
         error: String,
     },
+    /// Its kind is paused (by this person, or the breaker).
+    Paused {
+        /// Who paused it.
+        by: String,
+    },
+    /// Its kind's or its key's rate is spent for now.
+    RateLimited,
+    /// Its kind's or its key's concurrency limit is full.
+    AtLimit,
 }
 
 /// Why a job is completed without running.
@@ -140,6 +158,9 @@ pub(super) enum Admission {
     Complete(Unrun),
     /// Write its failure record now, with this error: no attempt can succeed.
     DeadLetter(String),
+    /// Pass flow control's gate (the kind's pause, its limits' slots and tokens), then admit
+    /// again with its answer.
+    CheckFlow,
     /// Take the key's hold (ask the ledger), then admit again with its answer.
     TakeHold,
     /// Run the handler: decode the payload (and admit again if it does not decode), then run.
@@ -173,8 +194,31 @@ pub(super) fn admit(facts: &Facts<'_>, rules: &Rules) -> Admission {
     if facts.deadline.is_some_and(|deadline| deadline < facts.now) {
         return Admission::Complete(Unrun::Expired);
     }
-    // Flow-control rules (a paused kind, a rate limit, an open breaker) belong here: after what
-    // the job itself says, before the key's hold, so a job that waits costs the ledger nothing.
+    // Flow control: after what the job itself says, before the key's hold, so a job that waits
+    // costs the ledger nothing. Every wait is at no attempt's cost, never a record.
+    if facts.flow_ruled {
+        match &facts.gate {
+            None => return Admission::CheckFlow,
+            Some(Gate::Open | Gate::Probe) => {}
+            Some(Gate::Paused { by, recheck }) => {
+                return Admission::Defer { delay: *recheck, why: Deferral::Paused { by: by.clone() } };
+            }
+            Some(Gate::RateLimited(wait)) => {
+                // A millisecond on: the bucket frees the start at `wait`, not before.
+                let delay = *wait + Duration::from_millis(1);
+                return Admission::Defer { delay, why: Deferral::RateLimited };
+            }
+            // A slot frees when a running job of the kind ends: look again soon, not at once.
+            Some(Gate::AtLimit) => {
+                let delay = (rules.poll / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
+                return Admission::Defer { delay, why: Deferral::AtLimit };
+            }
+            Some(Gate::Unreachable { failures, error }) => {
+                let delay = ledger_backoff(rules).delay(*failures);
+                return Admission::Defer { delay, why: Deferral::LedgerDown { error: error.clone() } };
+            }
+        }
+    }
     let earlier_attempt_pending = match &facts.key {
         None => return Admission::TakeHold,
         Some(KeyState::Done) => return Admission::Complete(Unrun::AlreadyDone),
@@ -252,7 +296,13 @@ mod tests {
             stranded: 0,
             key: None,
             payload_error: None,
+            flow_ruled: false,
+            gate: None,
         }
+    }
+
+    fn gated(gate: Gate) -> Facts<'static> {
+        Facts { flow_ruled: true, gate: Some(gate), ..claimed() }
     }
 
     fn with_key(key: KeyState) -> Facts<'static> {
@@ -316,6 +366,31 @@ mod tests {
                 Admission::Complete(Unrun::Expired),
             ),
             ("before its deadline", Facts { deadline: Some(at(1)), ..claimed() }, Admission::TakeHold),
+            // Flow control, before the key's hold.
+            ("its kind is paused or limited", Facts { flow_ruled: true, ..claimed() }, Admission::CheckFlow),
+            (
+                "a paused kind, past its deadline",
+                Facts { flow_ruled: true, deadline: Some(at(-1)), ..claimed() },
+                Admission::Complete(Unrun::Expired),
+            ),
+            (
+                "its kind is paused",
+                gated(Gate::Paused { by: "ana".into(), recheck: Duration::from_secs(5) }),
+                defer(5000, Deferral::Paused { by: "ana".into() }),
+            ),
+            (
+                "its rate is spent",
+                gated(Gate::RateLimited(Duration::from_millis(40))),
+                defer(41, Deferral::RateLimited),
+            ),
+            ("its concurrency limit is full", gated(Gate::AtLimit), defer(250, Deferral::AtLimit)),
+            (
+                "the flow store is down",
+                gated(Gate::Unreachable { failures: 1, error: "connection refused".into() }),
+                defer(100, ledger_down()),
+            ),
+            ("the gate is open", gated(Gate::Open), Admission::TakeHold),
+            ("the breaker's probe", Facts { key: Some(KeyState::Fresh), ..gated(Gate::Probe) }, run(false, false)),
             ("nothing known of its key yet", claimed(), Admission::TakeHold),
             // The ledger's answer.
             ("the effect is done", with_key(KeyState::Done), Admission::Complete(Unrun::AlreadyDone)),

@@ -24,7 +24,7 @@ use crate::policy::Backoff;
 
 /// The part of the worker that alerts: the sinks, and the signal that a record is on its way.
 pub(super) struct Alerting {
-    sinks: Vec<Arc<dyn AlertSink>>,
+    pub(super) sinks: Vec<Arc<dyn AlertSink>>,
     /// A job handed to a service that writes its record later (QStash): the sweep looks soon.
     handed_off: Notify,
 }

@@ -9,17 +9,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use serde_json::Value;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::admission::{Admission, Deferral, Facts, Rules, Unrun, admit};
+use super::flow::Gate;
 use super::handler::{Erased, panicked};
 use super::hold::{Held, HoldMode};
 use super::{Count, HandlerResult, Shared, WorkerConfig};
 use crate::alert::BoxFuture;
-use crate::backend::{Claim, Claimed, DeadLetter, Lease, Ledger};
+use crate::backend::{Claim, Claimed, DeadLetter, Lease, Ledger, Slot};
 use crate::job::{JobContext, JobError};
 use crate::policy::{Decision, Outcome, RetryPolicy};
 
@@ -87,6 +89,10 @@ pub(super) struct Attempt<'a> {
     /// How long before its hold lapses a handler is stopped: a cancelled handler needs a moment
     /// to stop.
     margin: Duration,
+    /// The concurrency slots its limits took, given back when it is settled.
+    slots: Mutex<Vec<Slot>>,
+    /// Whether it runs as its kind's breaker probe.
+    probe: std::sync::atomic::AtomicBool,
 }
 
 impl<'a> Attempt<'a> {
@@ -99,7 +105,17 @@ impl<'a> Attempt<'a> {
             // Until the key's hold is taken, the claim is all there is.
             held_until: Mutex::new(claimed_at + claim_lease),
             margin: (claim_lease / 4).min(Duration::from_secs(1)),
+            slots: Mutex::default(),
+            probe: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    pub(super) fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn probe(&self) -> bool {
+        self.probe.load(Ordering::Relaxed)
     }
 
     pub(super) fn lease(&self) -> Lease {
@@ -152,22 +168,41 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         slot: OwnedSemaphorePermit,
         outstanding: OwnedSemaphorePermit,
     ) {
+        let attempt = Attempt::new(&claimed, claimed_at, self.claim_lease, self.config.lease);
+        self.attempt(&attempt, claimed_at, slot, outstanding).await;
+        // Settled (or put back): the next job of its kind or key may take its slots.
+        self.release_slots(&attempt).await;
+    }
+
+    async fn attempt(
+        &self,
+        attempt: &Attempt<'_>,
+        claimed_at: Instant,
+        slot: OwnedSemaphorePermit,
+        outstanding: OwnedSemaphorePermit,
+    ) {
+        let claimed = attempt.claimed;
         let job = &claimed.job;
         let handler = self.attempts.handlers.get(&job.kind);
         let mut facts = Facts::claimed(job, handler.is_some(), chrono::Utc::now(), claimed_at.elapsed());
-        let attempt = Attempt::new(&claimed, claimed_at, self.claim_lease, self.config.lease);
+        facts.flow_ruled = self.flowing.ruled(&job.kind);
         let mut held: Option<Held> = None;
         // Admission is asked again each time the mechanics learn what it asked for: the key's
         // hold, then whether the payload decodes.
         let (held, run) = loop {
             match admit(&facts, &self.attempts.rules) {
-                Admission::TakeHold => facts.key = Some(self.take_hold(&attempt, claimed_at, &mut held).await),
+                Admission::CheckFlow => {
+                    let gate = self.gate(attempt, handler.map(|h| h.as_ref())).await;
+                    attempt.probe.store(gate == Gate::Probe, Ordering::Relaxed);
+                    facts.gate = Some(gate);
+                }
+                Admission::TakeHold => facts.key = Some(self.take_hold(attempt, claimed_at, &mut held).await),
                 Admission::Run { earlier_attempt_pending, mark_started } => {
                     let (Some(handler), Some(held)) = (handler, &held) else {
                         unreachable!("admission runs a job only with a handler and its key held")
                     };
                     if mark_started {
-                        self.mark_started(&attempt, held).await;
+                        self.mark_started(attempt, held).await;
                     }
                     let ctx = JobContext {
                         job_id: job.id.clone(),
@@ -187,10 +222,10 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                     // Its slot is free at once: room for a claim.
                     drop((slot, outstanding));
                     self.claiming.room_made();
-                    return self.give_back(&claimed).await;
+                    return self.give_back(claimed).await;
                 }
-                Admission::Defer { delay, why } => return self.defer(&attempt, delay, why).await,
-                Admission::Complete(unrun) => return self.complete_unrun(&attempt, unrun).await,
+                Admission::Defer { delay, why } => return self.defer(attempt, delay, why).await,
+                Admission::Complete(unrun) => return self.complete_unrun(attempt, unrun).await,
                 Admission::DeadLetter(error) => {
                     if let Some(held) = &held {
                         self.release_hold(held).await;
@@ -202,15 +237,15 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         let started = Instant::now();
         metrics::counter!("redrive_handlers_started_total", "kind" => job.kind.clone()).increment(1);
         let timeout = self.attempts.timeouts.get(&job.kind).copied();
-        let ran = self.run_holding(&attempt, held, run, timeout).await;
+        let ran = self.run_holding(attempt, held, run, timeout).await;
         let took = started.elapsed();
         self.claiming.handler_took(took);
         metrics::histogram!("redrive_handler_seconds", "kind" => job.kind.clone()).record(took.as_secs_f64());
         drop(slot); // the handler is done: the next one may start while this one settles
         self.claiming.room_made(); // an idle handler is room for a claim
         tokio::select! {
-            () = self.conclude(&attempt, held, ran) => {}
-            () = self.keep_lease_while_settling(&attempt) => unreachable!("it never returns"),
+            () = self.conclude(attempt, held, ran) => {}
+            () = self.keep_lease_while_settling(attempt) => unreachable!("it never returns"),
         }
     }
 
@@ -235,6 +270,18 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 self.claiming.pause_for(delay);
                 warn!(error = %error, retry_in_ms = in_ms, "effect ledger unavailable; deferred");
                 "defer"
+            }
+            Deferral::Paused { by } => {
+                info!(paused_by = %by, retry_in_ms = in_ms, "its kind is paused; put back");
+                "put back"
+            }
+            Deferral::RateLimited => {
+                debug!(retry_in_ms = in_ms, "its rate limit is spent; put back until a start is free");
+                "put back"
+            }
+            Deferral::AtLimit => {
+                debug!(retry_in_ms = in_ms, "its concurrency limit is full; put back");
+                "put back"
             }
         };
         self.counters.add_for(Count::Deferred, &attempt.claimed.job.kind, 1);
@@ -276,6 +323,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         }
         tokio::select! {
             result = &mut run => Ran::Finished(finished(result)),
+            () = self.keep_slots(attempt) => unreachable!("it never returns"),
             () = self.keep_alive(attempt, held) => Ran::HoldLapsing,
             () = self.attempts.abandon.cancelled() => Ran::Abandoned,
             () = until(deadline) => Ran::TimedOut(timeout.unwrap_or_default()),
@@ -309,6 +357,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         };
         let outcome = match (result, held.mode) {
             (Ok(value), HoldMode::Lease) => {
+                self.breaker_after(kind, &Outcome::Done(Value::Null), attempt.probe()).await;
                 // Done with its result in one fenced write, the one write that marks the effect
                 // done: it must get through.
                 debug!("done");
@@ -334,8 +383,15 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     }
 
     /// Carries out the retry policy's decision after a run.
-    async fn decide(&self, attempt: &Attempt<'_>, outcome: Outcome) {
+    async fn decide(&self, attempt: &Attempt<'_>, mut outcome: Outcome) {
         let job = &attempt.claimed.job;
+        // A failure while its kind's breaker holds the kind paused (this one may have tripped
+        // it) is the provider's, not the job's: it waits for the probe, its attempt given back.
+        if let Some(wait) = self.breaker_after(&job.kind, &outcome, attempt.probe()).await
+            && let Outcome::Retry { error, .. } = &outcome
+        {
+            outcome = Outcome::NotNow { after: wait, error: error.clone() };
+        }
         let age = (chrono::Utc::now() - job.enqueued_at).to_std().unwrap_or_default();
         match self.attempts.policy.decide(job.attempt, job.cap, age, &outcome) {
             Decision::Complete => {

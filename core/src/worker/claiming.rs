@@ -222,11 +222,22 @@ async fn claimer<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
             }
         };
         room.add_permits(asked - want);
-        let claimed = match shared
-            .queue
-            .claim(&shared.claiming.kinds, want, shared.claim_lease, shared.config.poll)
-            .await
-        {
+        // Paused kinds are not claimed (where the backend claims by kind) until their probe is
+        // due: their jobs stay queued, untouched.
+        shared.refresh_flow().await;
+        let claimable = shared.flowing.claimable(&shared.claiming.kinds).filter(|_| shared.caps.claim_by_kind);
+        let kinds = claimable.as_ref().unwrap_or(&shared.claiming.kinds);
+        if *kinds == Kinds::Only(vec![]) {
+            room.add_permits(want);
+            shared.claiming.buffered.fetch_sub(want, Ordering::Relaxed); // the reservation
+            shared.claiming.room_made();
+            tokio::select! {
+                () = tokio::time::sleep(shared.config.poll) => {}
+                () = stop.cancelled() => {}
+            }
+            continue;
+        }
+        let claimed = match shared.queue.claim(kinds, want, shared.claim_lease, shared.config.poll).await {
             Ok(claimed) => {
                 failures = 0;
                 claimed

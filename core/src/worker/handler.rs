@@ -42,7 +42,6 @@ pub(super) trait Erased: Send + Sync {
     fn prepare(&self, payload: &Value, ctx: JobContext) -> Result<BoxFuture<'static, HandlerResult>, String>;
     /// The job type's own limit on one attempt ([`Job::TIMEOUT`]).
     fn timeout(&self) -> Option<std::time::Duration>;
-    #[allow(dead_code, reason = "read by the flow rules, next commit")]
     /// The job's [`Job::limit_key`]; `None` as well when the payload does not decode (the
     /// attempt finds that out and says why).
     fn limit_key(&self, payload: &Value) -> Option<String>;

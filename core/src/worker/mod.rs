@@ -13,12 +13,16 @@
 //! - `settle.rs`: settlements, tried again while they fail for a temporary reason;
 //! - `alerts.rs` (`Alerting`): alerts delivered at least once per record, deduplicated through
 //!   the ledger;
+//! - `flow.rs` (`Flowing`): flow control's mechanics: the kinds' pauses and limits as the store
+//!   last said, the gate a job passes before its hold (slots, tokens, a breaker's probe), and
+//!   the circuit breakers;
 //! - `handler.rs`, `stats.rs`: the handler API and the counters.
 
 mod admission;
 mod alerts;
 mod attempt;
 mod claiming;
+mod flow;
 mod handler;
 mod hold;
 mod settle;
@@ -36,6 +40,8 @@ use tracing::{error, info, info_span};
 use self::alerts::Alerting;
 use self::attempt::Attempts;
 use self::claiming::Claiming;
+pub use self::flow::Breaker;
+use self::flow::Flowing;
 use self::handler::{Erased, Typed};
 pub use self::handler::{Handler, HandlerResult};
 pub use self::stats::WorkerStats;
@@ -148,6 +154,8 @@ pub struct WorkerBuilder<Q, L> {
     handlers: HashMap<String, Arc<dyn Erased>>,
     /// Limits on one attempt set for this worker, by kind, over the job types' own.
     timeouts: HashMap<String, Duration>,
+    /// Circuit breakers, by kind.
+    breakers: HashMap<String, Breaker>,
     alerts: Vec<Arc<dyn AlertSink>>,
 }
 
@@ -198,6 +206,15 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
     /// released and the usual retries, cap and failure record after it.
     pub fn timeout<J: Job>(mut self, limit: Duration) -> Self {
         self.timeouts.insert(J::KIND.to_owned(), limit);
+        self
+    }
+
+    /// Puts a circuit breaker on job type `J` (see [`Breaker`]): after `breaker.after` retryable
+    /// failures in a row the kind pauses itself for every worker, alerts once, and lets a probe
+    /// job through every `breaker.cool_down` until one succeeds. Its jobs wait meanwhile at no
+    /// attempt's cost, so a provider's outage ends as a wait, not as failure records.
+    pub fn breaker<J: Job>(mut self, breaker: Breaker) -> Self {
+        self.breakers.insert(J::KIND.to_owned(), breaker);
         self
     }
 
@@ -300,6 +317,7 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
                 claiming: Claiming::new(Kinds::Only(kinds), config.concurrency),
                 attempts: Attempts::new(self.handlers, self.timeouts, &config, claim_lease),
                 alerting: Alerting::new(self.alerts),
+                flowing: Flowing::new(self.breakers, config.poll),
                 queue: self.queue,
                 ledger: self.ledger,
                 claim_lease,
@@ -331,6 +349,7 @@ struct Shared<Q, L> {
     claiming: Claiming,
     attempts: Attempts,
     alerting: Alerting,
+    flowing: Flowing,
 }
 
 impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> Worker<Q, L> {
@@ -343,6 +362,7 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> Worker<Q, L> {
             set: Overrides::default(),
             handlers: HashMap::new(),
             timeouts: HashMap::new(),
+            breakers: HashMap::new(),
             alerts: Vec::new(),
         }
     }
