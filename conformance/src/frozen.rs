@@ -205,6 +205,9 @@ impl<T: Ledger> Ledger for Frozen<T> {
         self.ledger_up().await?;
         self.inner.finish(hold, result).await
     }
+    fn flow(&self) -> Option<&impl redrive_core::Flow> {
+        self.inner.flow()
+    }
 }
 
 /// In a wrapper's `impl Claim`: `retry`, `defer`, `release` and `dead_letter` passed to its

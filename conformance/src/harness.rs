@@ -12,7 +12,8 @@ use redrive_core::alert::BoxFuture;
 use redrive_core::kit::{Capabilities, Claim, Dedupe, Ledger};
 use redrive_core::{
     Alert, AlertSink, Backoff, DeadLetter, Error, FailureId, FailureQuery, FailureRecord, IdempotencyKey, Job,
-    JobContext, JobError, KeyBuilder, NewJob, ProviderKey, RunningWorker, Worker, WorkerBuilder, WorkerConfig,
+    JobContext, JobError, KeyBuilder, NewJob, PauseAlert, ProviderKey, RunningWorker, Worker, WorkerBuilder,
+    WorkerConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +36,11 @@ impl Job for Probe {
     const KIND: &'static str = PROBE_KIND;
     fn key(&self, key: KeyBuilder) -> KeyBuilder {
         key.fact("id", self.id)
+    }
+
+    /// Probes count by their hundred (`tenant5` for ids 500 to 599) where a kind limits per key.
+    fn limit_key(&self) -> Option<String> {
+        Some(format!("tenant{}", self.id / 100))
     }
 }
 
@@ -129,6 +135,8 @@ pub(crate) enum Fault {
     NotNowThenFail(u32, Duration),
     /// Takes this long before its effect.
     Takes(Duration),
+    /// Fails (retryably, as a provider's 503) while the script's outage lasts; succeeds after.
+    Outage,
 }
 
 #[derive(Default)]
@@ -147,6 +155,41 @@ pub(crate) struct Script {
     /// Deliveries each record's alert fails before the sink accepts it.
     alert_failures: AtomicU32,
     failed_alerts: Mutex<HashMap<FailureId, u32>>,
+    /// Every handler start's time, in order.
+    pub(crate) start_times: Mutex<Vec<tokio::time::Instant>>,
+    /// Handlers running now and the most at once, by tenant (id / 100) and in all ([`ALL`]).
+    pub(crate) running: Mutex<HashMap<u32, (usize, usize)>>,
+    /// Whether [`Fault::Outage`]'s provider is down.
+    pub(crate) outage: std::sync::atomic::AtomicBool,
+    /// The breakers' alerts.
+    pub(crate) pause_alerts: Mutex<Vec<PauseAlert>>,
+}
+
+/// The [`Script::running`] entry of all tenants together.
+pub(crate) const ALL: u32 = u32::MAX;
+
+/// Counts a handler running, for [`Script::running`], until dropped.
+struct Running<'a>(&'a Script, u32);
+
+impl<'a> Running<'a> {
+    fn start(script: &'a Script, id: u32) -> Self {
+        let mut running = script.running.lock().unwrap();
+        for tenant in [id / 100, ALL] {
+            let (now, most) = running.entry(tenant).or_default();
+            *now += 1;
+            *most = (*most).max(*now);
+        }
+        Self(script, id)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut running = self.0.running.lock().unwrap_or_else(|p| p.into_inner());
+        for tenant in [self.1 / 100, ALL] {
+            running.entry(tenant).or_default().0 -= 1;
+        }
+    }
 }
 
 impl Script {
@@ -178,6 +221,11 @@ impl Script {
         self.alerts.lock().unwrap().len()
     }
 
+    /// The most handlers that ran at once: of one tenant (id / 100), or of all ([`ALL`]).
+    pub(crate) fn most_running(&self, tenant: u32) -> usize {
+        self.running.lock().unwrap().get(&tenant).map_or(0, |(_, most)| *most)
+    }
+
     /// The freeze that [`Fault::Kill`] pulls: the worker started with it dies.
     pub(crate) fn kill_switch(&self, freeze: &Arc<Freeze>) {
         *self.kill_switch.lock().unwrap() = Some(Arc::clone(freeze));
@@ -197,6 +245,8 @@ impl Script {
 
     async fn handle(&self, job: Probe, ctx: JobContext) -> Result<u32, JobError> {
         self.starts.lock().unwrap().push((ctx.key.clone(), ctx.attempt));
+        self.start_times.lock().unwrap().push(tokio::time::Instant::now());
+        let _running = Running::start(self, job.id);
         let delay = *self.delay.lock().unwrap();
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
@@ -222,6 +272,9 @@ impl Script {
                 return Err(JobError::permanent(format!("forced permanent failure of probe {}", job.id)));
             }
             Some(Fault::Takes(time)) => tokio::time::sleep(time).await,
+            Some(Fault::Outage) if self.outage.load(Ordering::SeqCst) => {
+                return Err(JobError::retry("the provider answered 503 Service Unavailable"));
+            }
             Some(Fault::CallThenKillFirst) => {
                 self.calls.lock().unwrap().push((ctx.key.clone(), ctx.provider_key));
                 if ctx.attempt == 1 && !ctx.earlier_attempt_pending {
@@ -255,6 +308,11 @@ impl AlertSink for AlertLog {
         }
         drop(failed);
         script.alerts.lock().unwrap().push(alert.clone());
+        Box::pin(async { Ok(()) })
+    }
+
+    fn paused<'a>(&'a self, alert: &'a PauseAlert) -> BoxFuture<'a, redrive_core::Result<()>> {
+        self.0.pause_alerts.lock().unwrap().push(alert.clone());
         Box::pin(async { Ok(()) })
     }
 }

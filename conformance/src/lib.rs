@@ -13,7 +13,9 @@
 //! the same promise while renewals stall, the ledger is down, workers die or run only some kinds.
 //! Then four hold the backend to the [`Capabilities`](redrive_core::kit::Capabilities) it declares
 //! that nothing else reads: each capability is a promise the suite checks. The last are flow
-//! control: a handler's "not now" and a timeout per kind.
+//! control: a handler's "not now", a timeout per kind, a paused kind, a circuit breaker through an
+//! outage, a rate limit, and concurrency limits per kind and per key (kept in the ledger's flow
+//! store, shared by every worker).
 //!
 //! | # | scenario | the invariant |
 //! |---|---|---|
@@ -89,6 +91,7 @@
 //! every job once. It is not in [`suite!`]: its documentation shows the test to write.
 
 mod capabilities;
+mod control;
 mod faults;
 mod flaky;
 mod flow;
@@ -111,6 +114,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use capabilities::{atomic_batch, claim_by_kind, crash_refunds, max_delay};
+pub use control::{key_concurrency, kind_concurrency, outage_storm, paused_kind, rate_limited};
 pub use faults::*;
 pub use flaky::FlakyStore;
 pub use flow::{not_now, timeout};
@@ -275,7 +279,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 36] = [
+pub const SCENARIOS: [&str; 41] = [
     "replay",
     "race",
     "exhaust",
@@ -312,6 +316,11 @@ pub const SCENARIOS: [&str; 36] = [
     "max_delay",
     "not_now",
     "timeout",
+    "paused_kind",
+    "outage_storm",
+    "rate_limited",
+    "kind_concurrency",
+    "key_concurrency",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -324,7 +333,7 @@ macro_rules! suite {
             stalled_heartbeat busy_never_dead_letters ledger_outage provider_key_once mixed_kinds crash_loop
             alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled
             settle_retried payload_limits no_receipt_in_logs atomic_batch claim_by_kind crash_refunds max_delay
-            not_now timeout);
+            not_now timeout paused_kind outage_storm rate_limited kind_concurrency key_concurrency);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

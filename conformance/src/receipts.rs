@@ -104,6 +104,9 @@ impl<T: Ledger> Ledger for Watched<T> {
     async fn finish(&self, hold: &Hold, result: &Value) -> R<()> {
         self.inner.finish(hold, result).await
     }
+    fn flow(&self) -> Option<&impl redrive_core::Flow> {
+        self.inner.flow()
+    }
 }
 
 /// Behaviour 29: No lease token (SQS receipt handle, Azure pop receipt, a database's lease or

@@ -357,7 +357,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         };
         let outcome = match (result, held.mode) {
             (Ok(value), HoldMode::Lease) => {
-                self.breaker_after(kind, &Outcome::Done(Value::Null), attempt.probe()).await;
+                self.breaker_after(&attempt.claimed.job, &Outcome::Done(Value::Null), attempt.probe()).await;
                 // Done with its result in one fenced write, the one write that marks the effect
                 // done: it must get through.
                 debug!("done");
@@ -387,7 +387,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         let job = &attempt.claimed.job;
         // A failure while its kind's breaker holds the kind paused (this one may have tripped
         // it) is the provider's, not the job's: it waits for the probe, its attempt given back.
-        if let Some(wait) = self.breaker_after(&job.kind, &outcome, attempt.probe()).await
+        if let Some(wait) = self.breaker_after(job, &outcome, attempt.probe()).await
             && let Outcome::Retry { error, .. } = &outcome
         {
             outcome = Outcome::NotNow { after: wait, error: error.clone() };

@@ -21,11 +21,12 @@ use super::handler::Erased;
 use crate::alert::PauseAlert;
 use crate::backend::{BREAKER, Claim, DeadLetter, Flow, KindFlow, Kinds, Ledger};
 use crate::error::Result;
+use crate::job::JobRecord;
 use crate::memory::MemoryBackend;
 use crate::policy::Outcome;
 
-/// A circuit breaker for a job kind: after `after` retryable failures of the kind in a row (on
-/// one worker), the kind pauses itself in the flow store, for every worker, and one alert says
+/// A circuit breaker for a job kind: after `after` retryable failures of the kind in a row (each
+/// worker counts its own), the kind pauses itself in the flow store, for every worker, and one alert says
 /// so ([`AlertSink::paused`](crate::AlertSink::paused)). Its jobs then wait at no attempt's cost
 /// — the one whose failure tripped it and those failing beside it get that attempt back — and a
 /// probe job is let through every `cool_down` (half-open): its success resumes the kind, its
@@ -150,7 +151,11 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         if flowing.known().at.is_some_and(|at| at.elapsed() < flowing.every) {
             return;
         }
-        let Ok(_one) = flowing.refreshing.try_lock() else { return };
+        // One look at a time; the others wait for it and read what it found.
+        let _one = flowing.refreshing.lock().await;
+        if flowing.known().at.is_some_and(|at| at.elapsed() < flowing.every) {
+            return;
+        }
         match on_flow!(self, f => f.kinds()) {
             Ok(kinds) => {
                 let kinds = kinds.into_iter().map(|k| (k.kind.clone(), k)).collect();
@@ -271,7 +276,8 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     /// Counts a run's outcome for its kind's breaker, tripping or closing it. Answers how long
     /// until the kind's next probe when its breaker holds it paused now: the job then waits that
     /// long without spending an attempt.
-    pub(super) async fn breaker_after(&self, kind: &str, outcome: &Outcome, probe: bool) -> Option<Duration> {
+    pub(super) async fn breaker_after(&self, job: &JobRecord, outcome: &Outcome, probe: bool) -> Option<Duration> {
+        let kind = &job.kind;
         let breaker = self.flowing.breakers.get(kind).copied();
         let failed = match outcome {
             Outcome::Retry { error, .. } => Some(error.as_str()),
@@ -298,6 +304,12 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             *n += 1;
             *n
         };
+        if job.attempt >= job.cap {
+            // Its last attempt: another worker's breaker may have tripped since this one last
+            // looked, and a record now is what the breaker is there to spare. Look again.
+            self.forget_flow();
+            self.refresh_flow().await;
+        }
         let paused = self.flowing.kind(kind).and_then(|k| k.paused);
         if let Some(paused) = paused.filter(|p| p.by == BREAKER || probe) {
             let next = paused.probe_at.and_then(|at| (at - Utc::now()).to_std().ok());
