@@ -307,7 +307,8 @@ pub async fn slots_are_fenced<F: Flow + Clone + 'static>(a: F, b: F) {
 }
 
 /// Writes one test per check above (multi-threaded, so that races are real), each on two handles
-/// made fresh by `$handles`, an expression of a future of `(F, F)`. Your crate needs `tokio` with
+/// made fresh by `$handles`, an expression of a future of a tuple: the two handles, then anything
+/// that must live as long as the test (a temporary directory). Your crate needs `tokio` with
 /// `macros` and `rt-multi-thread`.
 ///
 /// ```ignore
@@ -327,8 +328,8 @@ macro_rules! flow_store_checks {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                let (a, b) = $handles.await;
-                $crate::flow_store::$name(a, b).await;
+                let handles = $handles.await;
+                $crate::flow_store::$name(handles.0, handles.1).await;
             }
         )*
     };
