@@ -95,6 +95,7 @@ mod control;
 mod faults;
 mod flaky;
 mod flow;
+pub mod flow_store;
 mod frozen;
 mod harness;
 mod leases;
