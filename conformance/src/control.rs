@@ -155,9 +155,11 @@ pub async fn outage_storm<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
     );
     let alerts = run.script.pause_alerts.lock().unwrap().len();
     ensure!(run, alerts == 1, "the breaker's pause should be announced once, across both workers; {alerts} alerts");
-    // Tripping takes `after` failures, more were in flight on four handlers, and each
-    // cool-down of the outage lets one probe through.
-    let bound = breaker.after as usize + 4 + (outage.as_millis() / breaker.cool_down.as_millis()) as usize + 3;
+    // Each worker counts its own failures (up to `after` before one trips it), each has its two
+    // handlers' jobs in flight or admitted before it reads the pause, and each cool-down of the
+    // outage lets one probe through. Without the breaker: 12 jobs × 3 attempts, and 12 records.
+    let probes = (outage.as_millis() / breaker.cool_down.as_millis()) as usize + 1;
+    let bound = 2 * (breaker.after as usize + 2) + probes;
     ensure!(
         run,
         during <= bound,

@@ -184,6 +184,9 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         let claimed = attempt.claimed;
         let job = &claimed.job;
         let handler = self.attempts.handlers.get(&job.kind);
+        // What the store says of its kind, at most a poll old (a pause made here just now is
+        // read again first).
+        self.refresh_flow().await;
         let mut facts = Facts::claimed(job, handler.is_some(), chrono::Utc::now(), claimed_at.elapsed());
         facts.flow_ruled = self.flowing.ruled(&job.kind);
         let mut held: Option<Held> = None;
