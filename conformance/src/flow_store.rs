@@ -7,8 +7,8 @@
 //!
 //! | check | what it holds the store to |
 //! |---|---|
-//! | [`pause_is_audited`] | a pause keeps who, why and when, and writes its event; the first pause stands; a blank reason, name or kind is refused |
-//! | [`resume_and_events`] | a resume answers once and writes its event; events come newest first, of one kind or all, as many as asked |
+//! | [`pause_is_audited`] | a pause keeps who, why and when, and writes its event; the first pause stands, of ten racing too; a blank reason, name or kind is refused |
+//! | [`resume_and_events`] | a resume answers once, of ten racing too, and writes its event; events come newest first, of one kind or all, as many as asked |
 //! | [`limits_round_trip`] | limits read back as set, a zero limit is refused and changes nothing, clearing them lists the kind no more |
 //! | [`one_probe_per_probe_time`] | twenty takers over two handles: no probe before it is due, then one per probe time |
 //! | [`close_breaker_leaves_a_persons_pause`] | a breaker's pause ends when its probe succeeds; a person's stays |
