@@ -344,12 +344,15 @@ pub async fn slots_are_fenced<F: Flow + Clone + 'static>(a: F, b: F) {
 /// that must live as long as the test (a temporary directory). Your crate needs `tokio` with
 /// `macros` and `rt-multi-thread`.
 ///
-/// ```ignore
+/// ```
+/// use redrive_core::MemoryBackend;
+///
 /// async fn two_handles() -> (MemoryBackend, MemoryBackend) {
 ///     let store = MemoryBackend::new();
 ///     (store.clone(), store)
 /// }
 /// redrive_conformance::flow_store_checks!(two_handles());
+/// # fn main() {}
 /// ```
 #[macro_export]
 macro_rules! flow_store_checks {
