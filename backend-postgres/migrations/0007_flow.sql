@@ -45,16 +45,14 @@ CREATE TABLE {schema}.flow_buckets (
     before  bigint
 );
 
--- A concurrency limit's slots, all of a key's in one row, so that a take finds the first free one
--- and holds it in one upsert, which sees the row's latest version however many take it at once.
--- Slot i is `tokens[i + 1]` (its holder) held until `untils[i + 1]`; NULL or past: free.
+-- A concurrency limit's slots: slot `slot` of the limit of `key`, held by `token` until `until`;
+-- free where `until` is past (let go: '-infinity'). A key's rows are made by its first take (all
+-- of its limit), and kept: a take then locks one free row, skipping those other takers hold, so
+-- takers of one key do not wait for each other.
 CREATE TABLE {schema}.flow_slots (
-    key     text          PRIMARY KEY,
-    tokens  uuid[]        NOT NULL,
-    untils  timestamptz[] NOT NULL
+    key     text        NOT NULL,
+    slot    integer     NOT NULL CHECK (slot >= 0),
+    token   uuid,
+    until   timestamptz NOT NULL,
+    PRIMARY KEY (key, slot)
 );
-
--- The first free slot among the first `n` (1-based), or NULL where all are held.
-CREATE FUNCTION {schema}.flow_free_slot(untils timestamptz[], n bigint) RETURNS bigint
-    LANGUAGE sql STABLE
-    AS $$ SELECT min(i) FROM generate_series(1, n) i WHERE untils[i] IS NULL OR untils[i] <= now() $$;

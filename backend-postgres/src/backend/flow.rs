@@ -1,6 +1,7 @@
 //! [`Flow`] on PostgreSQL: the `flow_*` tables, on the database's clock, so that workers on
-//! machines whose clocks differ share one. Each call is one statement; a pause, a resume or a
-//! change of limits writes its event in the same statement.
+//! machines whose clocks differ share one. Each call is one statement (a take of a slot makes a
+//! second only where it raced another for a key's new slot row); a pause, a resume or a change
+//! of limits writes its event in the same statement.
 
 use std::time::Duration;
 
@@ -14,6 +15,10 @@ use uuid::Uuid;
 use super::PgBackend;
 use crate::error::db;
 use crate::sql::q;
+
+/// Statements a take of a slot makes at most: one, and another each time a taker racing it made
+/// the slot row it meant to make.
+const TRIES: usize = 8;
 
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
@@ -182,18 +187,28 @@ impl Flow for PgBackend {
 
     async fn take_slot(&self, key: &str, limit: u32, lease: Duration) -> Result<Option<Slot>> {
         let token = Uuid::new_v4();
-        let taken = q(&self.inner.sql.flow_take_slot)
-            .bind(key)
-            .bind(i64::from(limit))
-            .bind(token)
-            .bind(lease.as_secs_f64())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "take a slot"))?;
-        let Some(row) = taken else { return Ok(None) };
-        let slot =
-            row.get::<Option<i32>, _>("slot").and_then(|s| u32::try_from(s).ok()).ok_or_else(|| decode("slot"))?;
-        Ok(Some(Slot { key: key.to_owned(), slot, token: token.to_string() }))
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        // Another try only where another taker made the row this one meant to make: the rows
+        // are then there, and the next statement sees them.
+        for _ in 0..TRIES {
+            let row = q(&self.inner.sql.flow_take_slot)
+                .bind(key)
+                .bind(limit)
+                .bind(token)
+                .bind(lease.as_secs_f64())
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "take a slot"))?;
+            let slot = row.get::<Option<i32>, _>("took").or(row.get::<Option<i32>, _>("made"));
+            if let Some(slot) = slot {
+                let slot = u32::try_from(slot).map_err(|_| decode("slot"))?;
+                return Ok(Some(Slot { key: key.to_owned(), slot, token: token.to_string() }));
+            }
+            if !row.get::<Option<bool>, _>("short").unwrap_or(false) {
+                return Ok(None);
+            }
+        }
+        Err(Error::temporary(format!("the slots of {key} are being made by other takers")))
     }
 
     async fn renew_slot(&self, slot: &Slot, lease: Duration) -> Result<bool> {
