@@ -197,11 +197,12 @@ pub async fn rate_limited<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
     let mut times = run.script.start_times.lock().unwrap().clone();
     times.sort();
     // However the starts fall, the k-th (from 0) may come no sooner than (k - count + 1)
-    // intervals after the first: the burst, then one per interval. 10 ms for the clocks.
+    // intervals after the first: the burst, then one per interval. 30 ms for the clocks and for
+    // tokens taken a few at a time (spent within 20 ms of their grant, or dropped).
     let interval = rate.interval();
     let early = times.iter().enumerate().skip(rate.count as usize).find(|(k, t)| {
         let due = interval * (*k as u32 + 1 - rate.count);
-        t.duration_since(times[0]) + Duration::from_millis(10) < due
+        t.duration_since(times[0]) + Duration::from_millis(30) < due
     });
     if let Some((k, t)) = early {
         return Err(run.fail(format!(

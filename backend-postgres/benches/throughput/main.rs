@@ -28,6 +28,7 @@
 //! tuning, `REDRIVE_BENCH_QUICK=1` runs lifecycle.sql and the default burn-down only;
 //! `REDRIVE_BENCH_JOBS`, `REDRIVE_BENCH_BATCH` and `REDRIVE_BENCH_CLAIMERS` then change it.
 
+mod flow;
 mod production;
 
 use std::collections::HashMap;
@@ -38,7 +39,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redrive_core::{
-    Enqueue, Handler, Job, JobContext, JobError, KeyBuilder, NewJob, RunningWorker, Worker, WorkerConfig, WorkerStats,
+    Enqueue, Flow, Handler, Job, JobContext, JobError, KeyBuilder, Limits, NewJob, RunningWorker, Worker, WorkerConfig,
+    WorkerStats,
 };
 use redrive_postgres::{PgBackend, PgConfig};
 use serde::{Deserialize, Serialize};
@@ -77,12 +79,24 @@ const MILLION_TIMEOUT: Duration = Duration::from_secs(240);
 #[derive(Serialize, Deserialize)]
 struct Noop {
     n: u64,
+    /// The flow section's tenant (`Job::limit_key`); absent elsewhere, so other payloads are as
+    /// they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tenant: Option<u64>,
 }
+
+/// How `noop` names tenants: 0, none; else this many consecutive jobs per tenant, 1,000 tenants
+/// in turn (1: each job the next tenant). Set by the flow section around its backlogs.
+static TENANT_RUN: AtomicU64 = AtomicU64::new(0);
 
 impl Job for Noop {
     const KIND: &'static str = "bench_noop";
     fn key(&self, key: KeyBuilder) -> KeyBuilder {
         key.fact("n", self.n)
+    }
+
+    fn limit_key(&self) -> Option<String> {
+        self.tenant.map(|t| format!("tenant{t}"))
     }
 }
 
@@ -91,7 +105,9 @@ fn var_u64(name: &str) -> Option<u64> {
 }
 
 fn noop(n: u64) -> BoxResult<NewJob> {
-    Ok(NewJob::from_job(&Noop { n })?)
+    let run = TENANT_RUN.load(Ordering::Relaxed);
+    let tenant = (run > 0).then(|| (n / run) % 1000);
+    Ok(NewJob::from_job(&Noop { n, tenant })?)
 }
 
 #[tokio::main]
@@ -198,6 +214,9 @@ async fn main() -> BoxResult<()> {
         .await?;
         rows.push(("burn-down 20k, autovacuum on".into(), Figure::Rate(autovacuum_20k)));
         rows.push(("burn-down 200k, autovacuum on".into(), Figure::Rate(autovacuum_200k)));
+    }
+    if wants("flow") {
+        rows.extend(flow::section(&ctx, lifecycle_start).await?);
     }
     if wants("processes") {
         println!();
@@ -622,10 +641,28 @@ async fn median_burn(
 /// Pre-inserts `jobs` into a fresh schema, then times a worker from its start until its handler
 /// has run `jobs` times (or `timeout` passes).
 async fn burn_down(ctx: &Ctx, config: WorkerConfig, jobs: u64, timeout: Duration) -> BoxResult<Burn> {
+    burn_down_limited(ctx, config, jobs, timeout, Limits::default(), 0).await
+}
+
+/// [`burn_down`] with `limits` set on the job kind in the flow store before the worker starts.
+async fn burn_down_limited(
+    ctx: &Ctx,
+    config: WorkerConfig,
+    jobs: u64,
+    timeout: Duration,
+    limits: Limits,
+    tenant_run: u64,
+) -> BoxResult<Burn> {
     let backend = ctx.default_backend().await?;
     let t = Instant::now();
-    insert_backlog(&backend, jobs).await?;
+    TENANT_RUN.store(tenant_run, Ordering::Relaxed);
+    let inserted = insert_backlog(&backend, jobs).await;
+    TENANT_RUN.store(0, Ordering::Relaxed);
+    inserted?;
     let insert = t.elapsed();
+    if !limits.is_none() {
+        backend.set_limits("bench_noop", &limits, "bench").await?;
+    }
     analyze(&ctx.admin, backend.schema()).await?;
     checkpoint(&ctx.admin).await?;
 

@@ -245,6 +245,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         self.claiming.handler_took(took);
         metrics::histogram!("redrive_handler_seconds", "kind" => job.kind.clone()).record(took.as_secs_f64());
         drop(slot); // the handler is done: the next one may start while this one settles
+        self.hand_in_slots(attempt);
         self.claiming.room_made(); // an idle handler is room for a claim
         tokio::select! {
             () = self.conclude(attempt, held, ran) => {}

@@ -173,6 +173,9 @@ pub(super) async fn claim_loop<Q: Claim + DeadLetter + 'static, L: Ledger + 'sta
     if let Err(e) = dispatcher.await {
         error!(error = %e, "worker dispatcher panicked");
     }
+    // No job will be dispatched again: the concurrency slots held idle go back to the store, and
+    // those of running jobs as each settles.
+    shared.stop_flow().await;
     if let Err(e) = sweep.await {
         error!(error = %e, "worker alert sweep panicked");
     }

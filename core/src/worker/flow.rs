@@ -8,7 +8,8 @@
 //! ledger without one leaves the worker a store in memory, for this process alone.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -18,8 +19,9 @@ use tracing::{info, warn};
 use super::Shared;
 use super::attempt::Attempt;
 use super::handler::Erased;
+use super::permits::Permits;
 use crate::alert::PauseAlert;
-use crate::backend::{BREAKER, Claim, DeadLetter, Flow, KindFlow, Kinds, Ledger};
+use crate::backend::{BREAKER, Claim, DeadLetter, Flow, KindFlow, Kinds, Ledger, Slot};
 use crate::error::Result;
 use crate::job::JobRecord;
 use crate::memory::MemoryBackend;
@@ -84,11 +86,15 @@ pub(super) struct Flowing {
     breakers: HashMap<String, Breaker>,
     /// Retryable failures in a row, by kind.
     failing: Mutex<HashMap<String, u32>>,
+    /// The slots and tokens this worker holds between jobs.
+    permits: Permits,
+    /// Set once the claims have stopped.
+    stopping: AtomicBool,
 }
 
 #[derive(Default)]
 struct Known {
-    kinds: HashMap<String, KindFlow>,
+    kinds: HashMap<String, Arc<KindFlow>>,
     at: Option<Instant>,
 }
 
@@ -106,7 +112,11 @@ macro_rules! on_flow {
 }
 
 impl Flowing {
-    pub(super) fn new(breakers: HashMap<String, Breaker>, every: Duration) -> Self {
+    /// `every`: how stale the kinds' flow may get (the poll); `lease`: how long a slot is held.
+    pub(super) fn new(breakers: HashMap<String, Breaker>, every: Duration, lease: Duration) -> Self {
+        // Idle a quarter poll, a slot goes back: long enough for the next job of its key in a
+        // burn-down, short enough that a worker out of work does not keep it from the others.
+        let linger = (every / 4).clamp(Duration::from_millis(10), Duration::from_millis(250));
         Self {
             local: MemoryBackend::new(),
             kinds: Mutex::default(),
@@ -114,6 +124,8 @@ impl Flowing {
             every,
             breakers,
             failing: Mutex::default(),
+            permits: Permits::new(linger, lease / 3),
+            stopping: AtomicBool::new(false),
         }
     }
 
@@ -122,7 +134,7 @@ impl Flowing {
     }
 
     /// What the store last said of `kind`, if it is paused or limited.
-    pub(super) fn kind(&self, kind: &str) -> Option<KindFlow> {
+    pub(super) fn kind(&self, kind: &str) -> Option<Arc<KindFlow>> {
         self.known().kinds.get(kind).cloned()
     }
 
@@ -147,6 +159,9 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     /// Reads the kinds' flow from the store if what is known is older than a poll. A store that
     /// cannot be read leaves what was known (and the gate finds the store down).
     pub(super) async fn refresh_flow(&self) {
+        if self.flowing.permits.holds_slots() {
+            self.sweep_slots(false).await;
+        }
         let flowing = &self.flowing;
         if flowing.known().at.is_some_and(|at| at.elapsed() < flowing.every) {
             return;
@@ -158,7 +173,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         }
         match on_flow!(self, f => f.kinds()) {
             Ok(kinds) => {
-                let kinds = kinds.into_iter().map(|k| (k.kind.clone(), k)).collect();
+                let kinds = kinds.into_iter().map(|k| (k.kind.clone(), Arc::new(k))).collect();
                 *flowing.known() = Known { kinds, at: Some(Instant::now()) };
             }
             Err(e) => {
@@ -214,36 +229,42 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             }
             _ => None,
         };
-        let mut slots = vec![];
-        if let Some(n) = limits.concurrency {
-            slots.push((format!("kind:{kind}"), n));
-        }
-        if let (Some(n), Some(key)) = (limits.key_concurrency, &limit_key) {
-            slots.push((format!("key:{kind}:{key}"), n));
-        }
+        let kind_key = format!("kind:{kind}");
+        let key_key = limit_key.map(|key| format!("key:{kind}:{key}"));
+        let key_key = key_key.as_deref();
+        let slots = [(limits.concurrency, Some(kind_key.as_str())), (limits.key_concurrency, key_key)];
+        let slots = slots.into_iter().filter_map(|(n, key)| Some((key?, n?)));
+        let permits = &self.flowing.permits;
         for (key, n) in slots {
-            match on_flow!(self, f => f.take_slot(&key, n, self.config.lease))? {
-                Some(slot) => attempt.slots().push(slot),
-                None => return Ok(Gate::AtLimit),
+            // A slot this worker holds idle serves at once; else one from the store.
+            let slot = match permits.lend(key) {
+                Some(slot) => slot,
+                None => match on_flow!(self, f => f.take_slot(key, n, self.config.lease))? {
+                    Some(slot) => {
+                        permits.adopt(slot.clone());
+                        slot
+                    }
+                    None => return Ok(Gate::AtLimit),
+                },
+            };
+            attempt.slots().push(slot);
+        }
+        let rates = [(limits.rate, Some(kind_key.as_str())), (limits.key_rate, key_key)];
+        for (key, rate) in rates.into_iter().filter_map(|(rate, key)| Some((key?, rate?))) {
+            if permits.spend(key) {
+                continue;
             }
-        }
-        let mut rates = vec![];
-        if let Some(rate) = limits.rate {
-            rates.push((format!("kind:{kind}"), rate));
-        }
-        if let (Some(rate), Some(key)) = (limits.key_rate, &limit_key) {
-            rates.push((format!("key:{kind}:{key}"), rate));
-        }
-        for (key, rate) in rates {
-            let tokens = on_flow!(self, f => f.take_tokens(&key, rate, 1))?;
+            let tokens = on_flow!(self, f => f.take_tokens(key, rate, Permits::want(rate)))?;
             if tokens.granted == 0 {
                 return Ok(Gate::RateLimited(tokens.wait));
             }
+            permits.stock(key, tokens.granted - 1);
         }
         Ok(gate)
     }
 
-    /// Keeps the attempt's slots for as long as its handler runs. Never returns.
+    /// Keeps the attempt's slots for as long as its handler runs, whatever the sweeps do (they
+    /// stop with the claims at shutdown). Never returns.
     pub(super) async fn keep_slots(&self, attempt: &Attempt<'_>) {
         if attempt.slots().is_empty() {
             return std::future::pending().await;
@@ -253,24 +274,62 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             tokio::time::sleep(lease / 3).await;
             let slots = attempt.slots().clone();
             for slot in &slots {
-                match on_flow!(self, f => f.renew_slot(slot, lease)) {
-                    Ok(true) => {}
-                    Ok(false) => warn!(limit = %slot.key, "a concurrency slot lapsed while its job ran"),
-                    Err(e) => warn!(limit = %slot.key, error = %e, "cannot renew a concurrency slot"),
-                }
+                self.renew_slot(slot).await;
             }
         }
     }
 
-    /// Gives back the attempt's slots.
+    async fn renew_slot(&self, slot: &Slot) {
+        match on_flow!(self, f => f.renew_slot(slot, self.config.lease)) {
+            Ok(true) => {}
+            Ok(false) => {
+                warn!(limit = %slot.key, "a concurrency slot lapsed and was taken over; letting it go");
+                self.flowing.permits.forget(slot);
+            }
+            Err(e) => warn!(limit = %slot.key, error = %e, "cannot renew a concurrency slot"),
+        }
+    }
+
+    /// The attempt's handler returned: its slots stay with this worker, idle, for the next job of
+    /// their key. A limit counts handlers running, not settlements on their way.
+    pub(super) fn hand_in_slots(&self, attempt: &Attempt<'_>) {
+        for slot in std::mem::take(&mut *attempt.slots()) {
+            self.flowing.permits.give_back(&slot);
+        }
+    }
+
+    /// The attempt is over: any slots it still has stay with this worker, idle, for the next job
+    /// of their key (a stopping worker gives them back to the store at once).
     pub(super) async fn release_slots(&self, attempt: &Attempt<'_>) {
         let slots = std::mem::take(&mut *attempt.slots());
         for slot in &slots {
+            self.flowing.permits.give_back(slot);
+        }
+        let stopping = self.flowing.stopping.load(Ordering::Relaxed);
+        if !slots.is_empty() || stopping {
+            self.sweep_slots(stopping).await;
+        }
+    }
+
+    /// Gives back to the store the slots idle here past the linger (all idle ones when `all`),
+    /// and renews the held ones due.
+    pub(super) async fn sweep_slots(&self, all: bool) {
+        let sweep = self.flowing.permits.sweep(all);
+        for slot in &sweep.release {
             if let Err(e) = on_flow!(self, f => f.release_slot(slot)) {
                 // It lapses with its lease.
                 warn!(limit = %slot.key, error = %e, "cannot release a concurrency slot");
             }
         }
+        for slot in &sweep.renew {
+            self.renew_slot(slot).await;
+        }
+    }
+
+    /// The claims have stopped: no job will want the slots held idle here.
+    pub(super) async fn stop_flow(&self) {
+        self.flowing.stopping.store(true, Ordering::Relaxed);
+        self.sweep_slots(true).await;
     }
 
     /// Counts a run's outcome for its kind's breaker, tripping or closing it. Answers how long
@@ -310,7 +369,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             self.forget_flow();
             self.refresh_flow().await;
         }
-        let paused = self.flowing.kind(kind).and_then(|k| k.paused);
+        let paused = self.flowing.kind(kind).and_then(|k| k.paused.clone());
         if let Some(paused) = paused.filter(|p| p.by == BREAKER || probe) {
             let next = paused.probe_at.and_then(|at| (at - Utc::now()).to_std().ok());
             return Some(next.unwrap_or(breaker.cool_down).max(Duration::from_millis(100)));

@@ -25,6 +25,7 @@ mod claiming;
 mod flow;
 mod handler;
 mod hold;
+mod permits;
 mod settle;
 mod stats;
 
@@ -317,7 +318,7 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
                 claiming: Claiming::new(Kinds::Only(kinds), config.concurrency),
                 attempts: Attempts::new(self.handlers, self.timeouts, &config, claim_lease),
                 alerting: Alerting::new(self.alerts),
-                flowing: Flowing::new(self.breakers, config.poll),
+                flowing: Flowing::new(self.breakers, config.poll, config.lease),
                 queue: self.queue,
                 ledger: self.ledger,
                 claim_lease,

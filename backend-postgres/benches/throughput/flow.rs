@@ -1,0 +1,76 @@
+//! Flow control's cost (issue 25): a default burn-down of 100k jobs (long enough that a run's
+//! first round trips and its ramp do not make the figure) with no limit, with a concurrency
+//! limit and a rate limit configured but not binding, and with a limit of one job at a time per
+//! key over 1,000 keys, the keys in turn (rarely binding) and in runs of 100 (binding: a claim's
+//! jobs share two or three keys); interleaved, three times each, then the first two with
+//! autovacuum on.
+
+use redrive_core::{Limits, Rate, WorkerConfig};
+
+use crate::{BURN_TIMEOUT, BoxResult, CONCURRENCY, Ctx, Figure, burn_down_limited, production, rate};
+
+/// Each cell: its limits, and how many consecutive jobs share a tenant (0: none).
+fn cells() -> [(&'static str, Limits, u64); 4] {
+    let one_per_key = Limits { key_concurrency: Some(1), ..Limits::default() };
+    [
+        ("no limit", Limits::default(), 0),
+        (
+            "a concurrency limit and a rate configured, not binding",
+            Limits { concurrency: Some(1_000), rate: Some(Rate::per_second(10_000_000)), ..Limits::default() },
+            0,
+        ),
+        ("one at a time per key, 1,000 keys in turn (rarely binding)", one_per_key, 1),
+        ("one at a time per key, 1,000 keys of 100 jobs in a row (binding)", one_per_key, 100),
+    ]
+}
+
+/// Jobs per burn-down.
+const FLOW_JOBS: u64 = 100_000;
+
+fn config() -> WorkerConfig {
+    WorkerConfig { concurrency: CONCURRENCY, ..WorkerConfig::default() }
+}
+
+/// Runs the cells `rounds` times interleaved; the medians.
+async fn medians(ctx: &Ctx, cells: &[(&'static str, Limits, u64)], rounds: usize) -> BoxResult<Vec<f64>> {
+    let mut runs: Vec<Vec<f64>> = vec![vec![]; cells.len()];
+    for round in 1..=rounds {
+        for (i, (label, limits, tenant_run)) in cells.iter().enumerate() {
+            let burn = burn_down_limited(ctx, config(), FLOW_JOBS, BURN_TIMEOUT, *limits, *tenant_run).await?;
+            println!("- {label} (round {round}): {}", burn.describe());
+            runs[i].push(burn.rate());
+        }
+    }
+    Ok(runs
+        .into_iter()
+        .map(|mut r| {
+            r.sort_by(f64::total_cmp);
+            r[r.len() / 2]
+        })
+        .collect())
+}
+
+pub(crate) async fn section(ctx: &Ctx, lifecycle: f64) -> BoxResult<Vec<(String, Figure)>> {
+    println!();
+    println!("## Flow control: {FLOW_JOBS} jobs, concurrency {CONCURRENCY}, three interleaved rounds");
+    let cells = cells();
+    let analyzed = medians(ctx, &cells, 3).await?;
+    println!();
+    println!("## Flow control with autovacuum on");
+    let autovacuum = production::with_autovacuum(ctx, medians(ctx, &cells[..2], 3)).await?;
+    let mut rows = vec![];
+    for ((label, ..), median) in cells.iter().zip(&analyzed) {
+        println!(
+            "- {label}, median: {} ({:.2}× lifecycle.sql at the start, {:.3}× no limit)",
+            rate(*median),
+            median / lifecycle,
+            median / analyzed[0]
+        );
+        rows.push((format!("flow: {label}"), Figure::Rate(*median)));
+    }
+    for ((label, ..), median) in cells.iter().zip(&autovacuum) {
+        println!("- autovacuum on, {label}, median: {} ({:.3}× no limit)", rate(*median), median / autovacuum[0]);
+        rows.push((format!("flow, autovacuum on: {label}"), Figure::Rate(*median)));
+    }
+    Ok(rows)
+}
