@@ -79,6 +79,17 @@ queries!(
     broker_close,
     broker_purge,
     broker_mention,
+    flow_kinds,
+    flow_pause,
+    flow_resume,
+    flow_set_limits,
+    flow_events,
+    flow_take_probe,
+    flow_close_breaker,
+    flow_take_tokens,
+    flow_take_slot,
+    flow_renew_slot,
+    flow_release_slot,
 );
 
 /// Runs a query string that was built from the files above.
@@ -90,13 +101,14 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, s
 /// schemas in one database migrate independently.
 pub(crate) fn migrator(schema: &str) -> Migrator {
     let quoted = format!("\"{schema}\"");
-    let files: [(i64, &str, &str); 6] = [
+    let files: [(i64, &str, &str); 7] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "done index", include_str!("../migrations/0002_done_index.sql")),
         (3, "contract v2", include_str!("../migrations/0003_contract_v2.sql")),
         (4, "broker records", include_str!("../migrations/0004_broker_records.sql")),
         (5, "deadline", include_str!("../migrations/0005_deadline.sql")),
         (6, "replay audit", include_str!("../migrations/0006_replay_audit.sql")),
+        (7, "flow", include_str!("../migrations/0007_flow.sql")),
     ];
     let migrations = files
         .into_iter()
@@ -128,7 +140,7 @@ mod tests {
     #[test]
     fn every_query_names_the_schema() {
         let q = Queries::new("tenant_1");
-        for sql in [&q.enqueue, &q.claim, &q.dead_letter, &q.replay, &q.sweep, &q.ledger_begin] {
+        for sql in [&q.enqueue, &q.claim, &q.dead_letter, &q.replay, &q.sweep, &q.ledger_begin, &q.flow_take_slot] {
             assert!(sql.contains("\"tenant_1\".") && !sql.contains("{schema}"));
         }
     }

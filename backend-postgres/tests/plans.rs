@@ -319,3 +319,105 @@ async fn hot_path_plans_hold_whatever_the_statistics_say() {
         failures.join("\n\n")
     });
 }
+
+/// The conflict arbiter indexes of every upsert in a plan.
+fn arbiters(plan: &Value) -> Vec<String> {
+    let mut found: Vec<String> = plan
+        .get("Conflict Arbiter Indexes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.as_str().map(str::to_owned))
+        .collect();
+    for child in plan.get("Plans").and_then(Value::as_array).into_iter().flatten() {
+        found.extend(arbiters(child));
+    }
+    found
+}
+
+/// The hot path of flow control: every take of tokens or of a slot, every renewal and release,
+/// finds its row by primary key (the upserts through it as their conflict arbiter), with or
+/// without statistics, however many keys there are.
+#[tokio::test]
+async fn flow_statements_find_their_row_by_primary_key() {
+    macro_rules! file {
+        ($name:literal) => {
+            include_str!(concat!("../queries/", $name, ".sql"))
+        };
+    }
+    // (name, sql, parameter types, arguments, the upsert's arbiter index)
+    let statements = [
+        (
+            "flow_take_tokens",
+            file!("flow_take_tokens"),
+            "text, bigint, bigint, bigint",
+            "'k:n=17', 1000, 100000, 1",
+            true,
+        ),
+        (
+            "flow_take_slot",
+            file!("flow_take_slot"),
+            "text, bigint, uuid, float8",
+            "'k:n=17', 3, gen_random_uuid(), 30",
+            true,
+        ),
+        (
+            "flow_renew_slot",
+            file!("flow_renew_slot"),
+            "text, int, uuid, float8",
+            "'k:n=17', 0, gen_random_uuid(), 30",
+            false,
+        ),
+        ("flow_release_slot", file!("flow_release_slot"), "text, int, uuid", "'k:n=17', 0, gen_random_uuid()", false),
+    ];
+    let backend = common::backend("flowplans").await;
+    let schema = backend.schema().to_owned();
+    let s = format!("\"{schema}\"");
+    let mut conn = PgConnection::connect(&common::database_url()).await.expect("connect");
+    exec(
+        &mut conn,
+        &format!(
+            "INSERT INTO {s}.flow_buckets (key, tat) SELECT 'k:n=' || n, 0 FROM generate_series(1, {ROWS}) n; \
+             INSERT INTO {s}.flow_slots (key, tokens, untils) \
+             SELECT 'k:n=' || n, ARRAY[gen_random_uuid(), NULL], ARRAY[now(), NULL] FROM generate_series(1, {ROWS}) n"
+        ),
+    )
+    .await;
+    let mut failures = Vec::new();
+    for moment in ["no statistics", "analyzed"] {
+        if moment == "analyzed" {
+            exec(&mut conn, &format!("ANALYZE {s}.flow_buckets; ANALYZE {s}.flow_slots")).await;
+        }
+        for (n, (name, sql, types, args, upsert)) in statements.iter().enumerate() {
+            let sql = sql.replace("{schema}", &s);
+            exec(&mut conn, &format!("PREPARE flow_{n}({types}) AS {sql}")).await;
+            for mode in ["force_custom_plan", "force_generic_plan"] {
+                exec(&mut conn, &format!("SET plan_cache_mode = {mode}")).await;
+                let explain = format!("EXPLAIN (FORMAT JSON) EXECUTE flow_{n}({args})");
+                let plan: Value = sqlx::query(AssertSqlSafe(explain.clone()))
+                    .fetch_one(&mut conn)
+                    .await
+                    .unwrap_or_else(|e| panic!("{explain}: {e}"))
+                    .get(0);
+                let mut found = Vec::new();
+                scans(&plan[0]["Plan"], &mut found);
+                let table_scans: Vec<_> = found
+                    .iter()
+                    .filter(|(node, relation, _)| relation.starts_with("flow_") && node != "ModifyTable")
+                    .collect();
+                let by_key = table_scans.iter().all(|(node, _, cond)| node.contains("Index") && *cond);
+                let arbiter = arbiters(&plan[0]["Plan"]).iter().any(|i| i.ends_with("_pkey"));
+                let reads_by_key =
+                    if *upsert { arbiter && table_scans.is_empty() } else { by_key && !table_scans.is_empty() };
+                if !reads_by_key {
+                    failures.push(format!(
+                        "{moment}: {name} ({mode}) reads {table_scans:?}\n{}",
+                        serde_json::to_string_pretty(&plan).unwrap_or_default()
+                    ));
+                }
+            }
+            exec(&mut conn, &format!("DEALLOCATE flow_{n}")).await;
+        }
+    }
+    assert!(failures.is_empty(), "{} flow plans do not go by primary key:\n{}", failures.len(), failures.join("\n\n"));
+}

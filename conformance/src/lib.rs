@@ -92,6 +92,7 @@ mod capabilities;
 mod faults;
 mod flaky;
 mod flow;
+pub mod flow_store;
 mod frozen;
 mod harness;
 mod leases;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use redrive_core::kit::{Begin, Claim, Hold, Ledger, Renew, payload_fingerprint};
-use redrive_core::{Error, ErrorKind, IdempotencyKey, ProviderKey, Result};
+use redrive_core::{Error, ErrorKind, Flow, IdempotencyKey, ProviderKey, Result};
 use serde_json::Value;
 use sqlx::Row;
 use uuid::Uuid;
@@ -94,5 +94,10 @@ impl Ledger for PgBackend {
             .await
             .map_err(|e| db(e, "ledger finish"))?;
         Ok(())
+    }
+
+    /// Paused kinds and limits in this schema's `flow_*` tables, shared by every worker using it.
+    fn flow(&self) -> Option<&impl Flow> {
+        Some(self)
     }
 }

@@ -19,6 +19,7 @@ use uuid::Uuid;
 mod broker_records;
 mod claim;
 mod dead_letters;
+mod flow;
 mod ledger;
 mod scan_floor;
 
