@@ -12,7 +12,8 @@ const { chromium } = require(path.join(process.env.REDRIVE_PLAYWRIGHT, 'playwrig
 
 const base = process.env.DASHBOARD;
 const shots = process.env.SCREENSHOTS;
-const answers = readline.createInterface({ input: process.stdin })[Symbol.asyncIterator]();
+const stdin = readline.createInterface({ input: process.stdin });
+const answers = stdin[Symbol.asyncIterator]();
 
 function check(condition, message) {
   if (!condition) throw new Error(message);
@@ -102,6 +103,7 @@ async function step(name) {
     check(dialogs.length === 0, `a script ran: ${dialogs}`);
   } finally {
     await browser.close();
+    stdin.close(); // else node waits on it for ever
   }
 })().catch((e) => {
   console.error(e.stack || String(e));
