@@ -57,6 +57,19 @@ mod text {
         broker_close,
         broker_purge,
         broker_mention,
+        flow_kinds,
+        flow_pause,
+        flow_paused,
+        flow_unpause,
+        flow_set_limits,
+        flow_event,
+        flow_events,
+        flow_take_probe,
+        flow_bucket,
+        flow_bucket_set,
+        flow_take_slot,
+        flow_renew_slot,
+        flow_release_slot,
     );
 }
 
@@ -69,11 +82,12 @@ pub(crate) fn q(sql: &'static str) -> sqlx::query::Query<'static, Sqlite, Sqlite
 
 /// The embedded migrations, tracked in `_sqlx_migrations`.
 pub(crate) fn migrator() -> Migrator {
-    let files: [(i64, &str, &str); 4] = [
+    let files: [(i64, &str, &str); 5] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "broker records", include_str!("../migrations/0002_broker_records.sql")),
         (3, "deadline", include_str!("../migrations/0003_deadline.sql")),
         (4, "replay audit", include_str!("../migrations/0004_replay_audit.sql")),
+        (5, "flow", include_str!("../migrations/0005_flow.sql")),
     ];
     let migrations = files
         .into_iter()

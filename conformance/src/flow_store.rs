@@ -62,8 +62,9 @@ fn summary(events: &[FlowEvent]) -> Vec<(&str, FlowAction, &str, &str)> {
 
 /// Panics unless a pause keeps who, why and when (on the store's clock, near this one's), writes
 /// one `paused` event, and stands against a second pause from another handle (false, nothing
-/// changed); and unless a blank reason, name or kind is refused as
-/// [`InvalidInput`](ErrorKind::InvalidInput), pausing nothing.
+/// changed); unless a blank reason, name or kind is refused as
+/// [`InvalidInput`](ErrorKind::InvalidInput), pausing nothing; and unless of ten pauses racing
+/// over two handles one answers true, and it is the one that stands, with one event.
 pub async fn pause_is_audited<F: Flow + Clone + 'static>(a: F, b: F) {
     let kind = "charge_order";
     let before = Utc::now();
@@ -87,11 +88,24 @@ pub async fn pause_is_audited<F: Flow + Clone + 'static>(a: F, b: F) {
     assert!(paused(&a, "send_mail").await.is_none(), "a refused pause pauses nothing");
     assert!(a.events(Some("send_mail"), 10).await.unwrap().is_empty(), "a refused pause writes no event");
     assert!(paused(&a, kind).await.is_some(), "a refused resume resumes nothing");
+
+    // Of several workers tripping one breaker at once, one pauses (and alerts).
+    let tripped = race(&a, &b, 10, |store, i| async move {
+        store.pause("send_mail", &format!("worker {i} saw 5 failures"), BREAKER, Some(Duration::from_secs(60))).await
+    })
+    .await;
+    let first: Vec<usize> = (0..10).filter(|i| matches!(tripped[*i], Ok(true))).collect();
+    assert_eq!(first.len(), 1, "one of ten racing pauses stands: {tripped:?}");
+    assert!(tripped.iter().all(Result::is_ok), "{tripped:?}");
+    let stood = paused(&b, "send_mail").await.expect("paused");
+    assert_eq!(stood.reason, format!("worker {} saw 5 failures", first[0]), "the pause that answered true stands");
+    assert_eq!(b.events(Some("send_mail"), 10).await.unwrap().len(), 1, "one event");
 }
 
 /// Panics unless a resume answers true once (false again, false for a kind never paused), lists
 /// the kind no more and writes a `resumed` event by who resumed; and unless events come newest
-/// first, of one kind or of all, at most as many as asked.
+/// first, of one kind or of all, at most as many as asked; and unless of ten resumes racing over
+/// two handles one answers true, with one event.
 pub async fn resume_and_events<F: Flow + Clone + 'static>(a: F, b: F) {
     let (charge, mail) = ("charge_order", "send_mail");
     assert!(a.pause(charge, "provider down", "ana", None).await.unwrap());
@@ -117,6 +131,17 @@ pub async fn resume_and_events<F: Flow + Clone + 'static>(a: F, b: F) {
 
     assert!(a.pause(charge, "provider down again", "dee", None).await.unwrap(), "a resumed kind pauses again");
     assert_eq!(paused(&b, charge).await.map(|p| p.by), Some("dee".to_owned()));
+
+    let resumed = race(&a, &b, 10, move |store, i| async move { store.resume(charge, &format!("op{i}")).await }).await;
+    let answered: Vec<usize> = (0..10).filter(|i| matches!(resumed[*i], Ok(true))).collect();
+    assert_eq!(answered.len(), 1, "one of ten racing resumes answers true: {resumed:?}");
+    let events = a.events(Some(charge), 10).await.unwrap();
+    let by = format!("op{}", answered[0]);
+    assert_eq!(
+        (events.len(), events[0].action, events[0].by.as_str()),
+        (4, FlowAction::Resumed, by.as_str()),
+        "one event"
+    );
 }
 
 /// Panics unless limits read back from the other handle as set (periods to the microsecond),
@@ -307,7 +332,8 @@ pub async fn slots_are_fenced<F: Flow + Clone + 'static>(a: F, b: F) {
 }
 
 /// Writes one test per check above (multi-threaded, so that races are real), each on two handles
-/// made fresh by `$handles`, an expression of a future of `(F, F)`. Your crate needs `tokio` with
+/// made fresh by `$handles`, an expression of a future of a tuple: the two handles, then anything
+/// that must live as long as the test (a temporary directory). Your crate needs `tokio` with
 /// `macros` and `rt-multi-thread`.
 ///
 /// ```ignore
@@ -327,8 +353,8 @@ macro_rules! flow_store_checks {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                let (a, b) = $handles.await;
-                $crate::flow_store::$name(a, b).await;
+                let handles = $handles.await;
+                $crate::flow_store::$name(handles.0, handles.1).await;
             }
         )*
     };

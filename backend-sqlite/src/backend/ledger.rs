@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use redrive_core::kit::{Begin, Hold, Ledger};
-use redrive_core::{Error, ErrorKind, IdempotencyKey, ProviderKey, Result};
+use redrive_core::{Error, ErrorKind, Flow, IdempotencyKey, ProviderKey, Result};
 use serde_json::Value;
 use sqlx::Row;
 use uuid::Uuid;
@@ -97,5 +97,11 @@ impl Ledger for SqliteBackend {
             .await
             .map_err(|e| db(e, "finish"))?;
         Ok(())
+    }
+
+    /// Paused kinds and limits in this file's `redrive_flow_*` tables, shared by every process
+    /// that opens it.
+    fn flow(&self) -> Option<&impl Flow> {
+        Some(self)
     }
 }

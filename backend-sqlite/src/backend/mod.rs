@@ -21,6 +21,7 @@ mod broker_records;
 mod claim;
 mod completer;
 mod dead_letters;
+mod flow;
 mod ledger;
 
 /// redrive on SQLite: the queue, the failure records and the effect ledger in one file (beside
