@@ -1,6 +1,7 @@
 //! `redrive kind …` end to end, as an operator runs it, on PostgreSQL and on a SQLite file: each
 //! change made by the command is read back through a second handle on the same database, the
-//! store the workers read; bad input is refused with its reason and changes nothing.
+//! store the workers read; bad input is refused with its reason and changes nothing. On SQS
+//! (moto), the store is the records database.
 
 mod common;
 
@@ -149,4 +150,24 @@ async fn on_sqlite_an_operator_pauses_limits_and_resumes_a_kind() {
     let path = dir.path().join("app.db");
     let file = redrive_sqlite::SqliteBackend::open(redrive_sqlite::SqliteConfig::new(&path)).await.unwrap();
     pause_limit_resume(&format!("sqlite://{}", path.display()), "-", &file).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqs_the_records_database_is_the_flow_store() {
+    let db = database().await;
+    let name = format!("rdt-kind-{}", common::unique().replace('_', "-"));
+    let config = redrive_sqs::SqsConfig::new(&name)
+        .with_endpoint(common::sqs_endpoint())
+        .with_region("us-east-1")
+        .with_static_credentials("test", "test");
+    redrive_sqs::SqsBackend::setup(config, redrive_sqs::QueueSetup::default(), db.clone())
+        .await
+        .unwrap_or_else(|e| panic!("moto's SQS is required (run scripts/test): {e}"));
+    let backend = format!("sqs://{name}");
+    let out = redrive(&backend, db.schema(), &["kind", "pause", "ship", "--reason", "carrier down", "--by", "ada"]);
+    assert_eq!(stdout(&out).trim(), "paused ship by ada: carrier down");
+    let p = paused(&db, "ship").await.expect("paused in the records database");
+    assert_eq!((p.by.as_str(), p.reason.as_str()), ("ada", "carrier down"));
+    stdout(&redrive(&backend, db.schema(), &["kind", "resume", "ship", "--by", "ada"]));
+    assert_eq!(paused(&db, "ship").await, None);
 }
