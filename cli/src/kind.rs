@@ -94,11 +94,13 @@ fn count(option: &str, text: Option<&str>) -> Result<Option<Option<u32>>> {
 }
 
 /// As [`count`], for a rate read by [`Rate::parse`].
-fn rate(text: Option<&str>) -> Result<Option<Option<Rate>>> {
+fn rate(option: &str, text: Option<&str>) -> Result<Option<Option<Rate>>> {
     match text.map(str::trim) {
         None => Ok(None),
         Some("none") => Ok(Some(None)),
-        Some(text) => Rate::parse(text).map(|r| Some(Some(r))),
+        Some(text) => {
+            Rate::parse(text).map(|r| Some(Some(r))).map_err(|e| invalid(format!("{option}: {}", e.message())))
+        }
     }
 }
 
@@ -110,9 +112,9 @@ impl LimitArgs {
             return Ok(Limits::default());
         }
         let concurrency = count("--concurrency", self.concurrency.as_deref())?;
-        let rate_given = rate(self.rate.as_deref())?;
+        let rate_given = rate("--rate", self.rate.as_deref())?;
         let key_concurrency = count("--key-concurrency", self.key_concurrency.as_deref())?;
-        let key_rate = rate(self.key_rate.as_deref())?;
+        let key_rate = rate("--key-rate", self.key_rate.as_deref())?;
         if (concurrency, rate_given, key_concurrency, key_rate) == (None, None, None, None) {
             return Err(invalid("give a limit (--concurrency, --rate, --key-concurrency, --key-rate) or --clear"));
         }

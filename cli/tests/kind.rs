@@ -6,9 +6,12 @@
 mod common;
 
 use std::process::Output;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 
 use common::{database, database_url, redrive_command};
-use redrive_core::{Flow, FlowAction, KindFlow, Limits, Paused, Rate};
+use redrive_core::{BREAKER, Flow, FlowAction, KindFlow, Limits, Paused, Rate};
 use redrive_postgres::{PgBackend, PgConfig};
 use serde_json::Value;
 
@@ -134,6 +137,18 @@ async fn pause_limit_resume(backend: &str, schema: &str, store: &impl Flow) {
     let two = stdout(&run(&["kind", "history", "--limit", "2"]));
     assert!(two.starts_with("AT (UTC) ") && two.lines().count() == 3, "{two}");
     assert_eq!(run(&["kind", "history", "ship"]).status.code(), Some(2), "no history for ship");
+
+    // A circuit breaker's pause: listed with its next probe; a person may resume it.
+    store.pause("send_mail", "5 failures in a row", BREAKER, Some(Duration::from_secs(300))).await.unwrap();
+    let list = json(&run(&["--json", "kind", "list"]));
+    assert_eq!((&list[0]["kind"], &list[0]["paused"]["by"]), (&"send_mail".into(), &"breaker".into()), "{list}");
+    let probe: DateTime<Utc> = list[0]["paused"]["probe_at"].as_str().expect("a probe time").parse().unwrap();
+    assert!(probe > Utc::now() + chrono::Duration::seconds(240), "{probe}");
+    let table = stdout(&run(&["kind", "list"]));
+    let row = table.lines().find(|l| l.starts_with("send_mail")).expect("a row");
+    assert!(row.contains("breaker") && row.contains(&probe.format("%Y-%m-%d %H:%M:%S").to_string()), "{row}");
+    stdout(&run(&["kind", "resume", "send_mail", "--by", "ada"]));
+    assert_eq!(paused(store, "send_mail").await, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

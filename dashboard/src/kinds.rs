@@ -296,17 +296,17 @@ impl LimitsPost {
             "" => Ok(None),
             n => n.parse::<u32>().map(Some).map_err(|_| format!("{name}: {n:?} is not a whole number")),
         };
-        let rate = |text: &str| match text.trim() {
+        let rate = |name: &str, text: &str| match text.trim() {
             "" => Ok(None),
-            r => Rate::parse(r).map(Some).map_err(|e| e.to_string()),
+            r => Rate::parse(r).map(Some).map_err(|e| format!("{name}: {}", e.message())),
         };
         let limits = Limits {
             concurrency: count("At once", &self.concurrency)?,
-            rate: rate(&self.rate)?,
+            rate: rate("Rate", &self.rate)?,
             key_concurrency: count("At once per key", &self.key_concurrency)?,
-            key_rate: rate(&self.key_rate)?,
+            key_rate: rate("Rate per key", &self.key_rate)?,
         };
-        limits.validate().map_err(|e| e.to_string())?;
+        limits.validate().map_err(|e| e.message().to_owned())?;
         Ok(limits)
     }
 }

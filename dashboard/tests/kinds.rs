@@ -4,8 +4,10 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{csrf, database, serve};
-use redrive_core::{Flow, FlowAction, KindFlow, Limits, Rate};
+use redrive_core::{BREAKER, Flow, FlowAction, KindFlow, Limits, Rate};
 use redrive_dashboard::Dashboard;
 use redrive_postgres::{PgBackend, PgConfig};
 use reqwest::StatusCode;
@@ -115,6 +117,13 @@ async fn an_operator_pauses_limits_and_resumes_a_kind_and_the_store_agrees() {
     let history = &page[page.find("id=\"history\"").expect("the history")..];
     let (resumed, paused) = (history.find("<td>resumed</td>").unwrap(), history.find("<td>paused</td>").unwrap());
     assert!(resumed < paused, "newest first: {history}");
+
+    // A circuit breaker's pause shows when its probe may run.
+    other.pause("send_mail", "5 failures in a row", BREAKER, Some(Duration::from_secs(300))).await.unwrap();
+    let page = http.get(format!("{url}/kinds")).send().await.unwrap().text().await.unwrap();
+    let row = &page[page.find("<td>send_mail</td>").expect("listed")..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(row.contains("<td>breaker</td>") && row.contains("<td>in 4m"), "{row}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
