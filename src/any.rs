@@ -34,6 +34,19 @@
 //! broker's workers normally use that same database as their ledger: a pause made here holds for
 //! them when it is, and not when their ledger is elsewhere.
 //!
+//! ```no_run
+//! # async fn run() -> redrive::Result<()> {
+//! use redrive::Flow;
+//!
+//! let backend = redrive::any::connect("postgres://localhost/app").await?;
+//! backend.pause("charge_order", "the provider answers 503", "ada", None).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! `AnyBackend` is the store itself, rather than lending one through an accessor: no type is
+//! added to the public surface, and the one value a command or a dashboard holds does both jobs.
+//! The price is in the variants: a broker's carries its records database beside the queue.
+//!
 //! A new backend registers here, in one place: a variant of [`AnyBackend`] and its arms in
 //! `on!` and `flow!`, its scheme in [`SCHEMES`] and in [`AnyOptions::connect`], all behind its
 //! feature. Errors never quote a URL: it may hold a password.
