@@ -24,20 +24,48 @@
 //! | `azure://QUEUE` | Azure Queue Storage | `AZURE_STORAGE_CONNECTION_STRING` |
 //! | `qstash://HOST/PATH` | Upstash QStash, the workers' receiver at `https://HOST/PATH` (`qstash+http://` for plain http, the emulator) | `QSTASH_TOKEN`, `QSTASH_URL` |
 //!
-//! A new backend registers here, in one place: a variant of [`AnyBackend`] and its arm in
-//! `on!`, its scheme in [`SCHEMES`] and in [`AnyOptions::connect`], all behind its feature.
-//! Errors never quote a URL: it may hold a password.
+//! # Flow control
+//!
+//! Every [`AnyBackend`] is a [`Flow`] store too (paused kinds, kinds' limits, their audit
+//! trail), so that one value serves the `redrive kind` commands and the dashboard's Kinds page:
+//! PostgreSQL and SQLite keep it in their own database; a broker keeps it in the PostgreSQL
+//! database of its failure records ([`AnyOptions::with_records`]). The workers see what is
+//! stored there through their ledger ([`Ledger::flow`](redrive_core::kit::Ledger::flow)), and a
+//! broker's workers normally use that same database as their ledger: a pause made here holds for
+//! them when it is, and not when their ledger is elsewhere.
+//!
+//! ```no_run
+//! # async fn run() -> redrive::Result<()> {
+//! use redrive::Flow;
+//!
+//! let backend = redrive::any::connect("postgres://localhost/app").await?;
+//! backend.pause("charge_order", "the provider answers 503", "ada", None).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! `AnyBackend` is the store itself, rather than lending one through an accessor: no type is
+//! added to the public surface, and the one value a command or a dashboard holds does both jobs.
+//! The price is in the variants: a broker's carries its records database beside the queue.
+//!
+//! A new backend registers here, in one place: a variant of [`AnyBackend`] and its arms in
+//! `on!` and `flow!`, its scheme in [`SCHEMES`] and in [`AnyOptions::connect`], all behind its
+//! feature. Errors never quote a URL: it may hold a password.
+
+// A broker's variant needs `postgres` (its records database): with brokers alone the enum has
+// no variant, every call's arguments go unused, and `connect` says which features are missing.
+#![cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(unused_variables))]
 
 use std::time::Duration;
 
-use redrive_core::kit::{Backend, Capabilities};
+use redrive_core::kit::{Backend, Capabilities, Slot, Tokens};
 use redrive_core::{
-    Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, NewJob,
-    QueueStats, Replay, ReplayOutcome, Result,
+    Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, Flow, FlowEvent,
+    KindFlow, Limits, NewJob, QueueStats, Rate, Replay, ReplayOutcome, Result,
 };
 
 /// The backend a URL named. Every variant is the backend's own type, so an application that
-/// needs more than these traits can match on it.
+/// needs more than these traits can match on it; a broker's variant carries the PostgreSQL
+/// database of its failure records as well, which is its [`Flow`] store.
 #[derive(Clone)]
 #[non_exhaustive]
 pub enum AnyBackend {
@@ -49,18 +77,18 @@ pub enum AnyBackend {
     #[cfg(feature = "sqlite")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     Sqlite(redrive_sqlite::SqliteBackend),
-    /// Amazon SQS.
-    #[cfg(feature = "sqs")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
-    Sqs(redrive_sqs::SqsBackend),
-    /// Azure Queue Storage.
-    #[cfg(feature = "azure")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "azure")))]
-    Azure(redrive_azure::AzureBackend),
-    /// Upstash QStash.
-    #[cfg(feature = "qstash")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "qstash")))]
-    QStash(redrive_qstash::QStashBackend),
+    /// Amazon SQS, and the database of its failure records and flow control.
+    #[cfg(all(feature = "sqs", feature = "postgres"))]
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "sqs", feature = "postgres"))))]
+    Sqs(redrive_sqs::SqsBackend, redrive_postgres::PgBackend),
+    /// Azure Queue Storage, and the database of its failure records and flow control.
+    #[cfg(all(feature = "azure", feature = "postgres"))]
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "azure", feature = "postgres"))))]
+    Azure(redrive_azure::AzureBackend, redrive_postgres::PgBackend),
+    /// Upstash QStash, and the database of its failure records and flow control.
+    #[cfg(all(feature = "qstash", feature = "postgres"))]
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "qstash", feature = "postgres"))))]
+    QStash(redrive_qstash::QStashBackend, redrive_postgres::PgBackend),
 }
 
 /// Runs the same call on whichever backend it is.
@@ -71,12 +99,31 @@ macro_rules! on {
             AnyBackend::Postgres(ref $b) => $call,
             #[cfg(feature = "sqlite")]
             AnyBackend::Sqlite(ref $b) => $call,
-            #[cfg(feature = "sqs")]
-            AnyBackend::Sqs(ref $b) => $call,
-            #[cfg(feature = "azure")]
-            AnyBackend::Azure(ref $b) => $call,
-            #[cfg(feature = "qstash")]
-            AnyBackend::QStash(ref $b) => $call,
+            #[cfg(all(feature = "sqs", feature = "postgres"))]
+            AnyBackend::Sqs(ref $b, _) => $call,
+            #[cfg(all(feature = "azure", feature = "postgres"))]
+            AnyBackend::Azure(ref $b, _) => $call,
+            #[cfg(all(feature = "qstash", feature = "postgres"))]
+            AnyBackend::QStash(ref $b, _) => $call,
+        }
+    };
+}
+
+/// Runs the same call on whichever backend's [`Flow`] store it is: a broker's is its records'
+/// database.
+macro_rules! flow {
+    ($backend:expr, $f:ident => $call:expr) => {
+        match *$backend {
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(ref $f) => $call,
+            #[cfg(feature = "sqlite")]
+            AnyBackend::Sqlite(ref $f) => $call,
+            #[cfg(all(feature = "sqs", feature = "postgres"))]
+            AnyBackend::Sqs(_, ref $f) => $call,
+            #[cfg(all(feature = "azure", feature = "postgres"))]
+            AnyBackend::Azure(_, ref $f) => $call,
+            #[cfg(all(feature = "qstash", feature = "postgres"))]
+            AnyBackend::QStash(_, ref $f) => $call,
         }
     };
 }
@@ -89,12 +136,12 @@ impl AnyBackend {
             Self::Postgres(_) => "postgres",
             #[cfg(feature = "sqlite")]
             Self::Sqlite(_) => "sqlite",
-            #[cfg(feature = "sqs")]
-            Self::Sqs(_) => "sqs",
-            #[cfg(feature = "azure")]
-            Self::Azure(_) => "azure",
-            #[cfg(feature = "qstash")]
-            Self::QStash(_) => "qstash",
+            #[cfg(all(feature = "sqs", feature = "postgres"))]
+            Self::Sqs(..) => "sqs",
+            #[cfg(all(feature = "azure", feature = "postgres"))]
+            Self::Azure(..) => "azure",
+            #[cfg(all(feature = "qstash", feature = "postgres"))]
+            Self::QStash(..) => "qstash",
         }
     }
 }
@@ -173,7 +220,8 @@ impl AnyOptions {
     }
 
     /// The PostgreSQL database (`postgres://…`) where a broker (SQS, Azure, QStash) keeps its
-    /// failure records; a store backend keeps its own and ignores it.
+    /// failure records and its flow control (normally the workers' ledger too); a store backend
+    /// keeps its own and ignores it.
     pub fn with_records(mut self, url: impl Into<String>) -> Self {
         self.records = Some(url.into());
         self
@@ -218,7 +266,8 @@ impl AnyOptions {
             #[cfg(all(feature = "sqs", feature = "postgres"))]
             "sqs" => {
                 let config = redrive_sqs::SqsConfig::new(rest);
-                Ok(AnyBackend::Sqs(redrive_sqs::SqsBackend::connect(config, self.records(scheme).await?).await?))
+                let records = self.records(scheme).await?;
+                Ok(AnyBackend::Sqs(redrive_sqs::SqsBackend::connect(config, records.clone()).await?, records))
             }
             #[cfg(all(feature = "azure", feature = "postgres"))]
             "azure" => {
@@ -228,7 +277,8 @@ impl AnyOptions {
                 };
                 let options = redrive_azure::QueueOptions::default();
                 let records = self.records(scheme).await?;
-                Ok(AnyBackend::Azure(redrive_azure::AzureBackend::connect(&account, rest, options, records).await?))
+                let queue = redrive_azure::AzureBackend::connect(&account, rest, options, records.clone()).await?;
+                Ok(AnyBackend::Azure(queue, records))
             }
             #[cfg(all(feature = "qstash", feature = "postgres"))]
             "qstash" | "qstash+http" => {
@@ -243,8 +293,10 @@ impl AnyOptions {
                 if plain {
                     config = config.allow_plain_http();
                 }
-                let records = std::sync::Arc::new(self.records(scheme).await?);
-                Ok(AnyBackend::QStash(redrive_qstash::QStashBackend::connect(config, records).await?))
+                let records = self.records(scheme).await?;
+                let queue =
+                    redrive_qstash::QStashBackend::connect(config, std::sync::Arc::new(records.clone())).await?;
+                Ok(AnyBackend::QStash(queue, records))
             }
             other => {
                 let _ = rest;
@@ -340,6 +392,54 @@ impl Replay for AnyBackend {
 impl QueueStats for AnyBackend {
     async fn counts(&self) -> Result<Counts> {
         on!(self, b => b.counts().await)
+    }
+}
+
+/// The flow store of the URL's database: the queue's own (PostgreSQL, SQLite), or a broker's
+/// records' (see the [module's docs](crate::any#flow-control)).
+impl Flow for AnyBackend {
+    async fn kinds(&self) -> Result<Vec<KindFlow>> {
+        flow!(self, f => f.kinds().await)
+    }
+
+    async fn pause(&self, kind: &str, reason: &str, by: &str, probe_after: Option<Duration>) -> Result<bool> {
+        flow!(self, f => f.pause(kind, reason, by, probe_after).await)
+    }
+
+    async fn resume(&self, kind: &str, by: &str) -> Result<bool> {
+        flow!(self, f => f.resume(kind, by).await)
+    }
+
+    async fn set_limits(&self, kind: &str, limits: &Limits, by: &str) -> Result<()> {
+        flow!(self, f => f.set_limits(kind, limits, by).await)
+    }
+
+    async fn events(&self, kind: Option<&str>, limit: usize) -> Result<Vec<FlowEvent>> {
+        flow!(self, f => f.events(kind, limit).await)
+    }
+
+    async fn take_probe(&self, kind: &str, cool_down: Duration) -> Result<bool> {
+        flow!(self, f => f.take_probe(kind, cool_down).await)
+    }
+
+    async fn close_breaker(&self, kind: &str) -> Result<bool> {
+        flow!(self, f => f.close_breaker(kind).await)
+    }
+
+    async fn take_tokens(&self, key: &str, rate: Rate, want: u32) -> Result<Tokens> {
+        flow!(self, f => f.take_tokens(key, rate, want).await)
+    }
+
+    async fn take_slot(&self, key: &str, limit: u32, lease: Duration) -> Result<Option<Slot>> {
+        flow!(self, f => f.take_slot(key, limit, lease).await)
+    }
+
+    async fn renew_slot(&self, slot: &Slot, lease: Duration) -> Result<bool> {
+        flow!(self, f => f.renew_slot(slot, lease).await)
+    }
+
+    async fn release_slot(&self, slot: &Slot) -> Result<()> {
+        flow!(self, f => f.release_slot(slot).await)
     }
 }
 

@@ -8,12 +8,17 @@
 //! redrive replay <ID> --by ada --reason "fixed in 1.4.2"
 //! redrive replay --all --by ada --reason "the carrier is back"
 //! redrive discard <ID> --reason "refunded by hand" --by ada
+//! redrive kind pause charge_order --reason "the provider is down" --by ada
+//! redrive kind limit charge_order --concurrency 5 --rate 100/1s --by ada
+//! redrive kind list
+//! redrive kind resume charge_order --by ada
 //! ```
 //!
 //! Exit codes: 0 done, 1 error, 2 nothing matched (no record with that id, an empty list, a bulk
-//! replay that found nothing).
+//! replay that found nothing, no kind paused or limited, no flow history).
 
 mod backends;
+mod kind;
 mod output;
 
 use std::process::ExitCode;
@@ -24,7 +29,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use redrive::any::AnyBackend;
 use redrive::{DeadLetter, ErrorKind, FailureId, FailureQuery, QueueStats, Replay, ReplayOutcome, Severity};
 
-/// Read, replay, discard and purge failure records on any redrive backend.
+/// Read, replay, discard and purge failure records on any redrive backend; pause, resume and
+/// limit job kinds.
 #[derive(Debug, Parser)]
 #[command(name = "redrive", version, about)]
 struct Cli {
@@ -35,8 +41,8 @@ struct Cli {
     /// (`QSTASH_TOKEN`, and `QSTASH_URL` for another API; `qstash+http://` for the emulator).
     #[arg(long, env = "REDRIVE_URL", global = true, hide_env_values = true)]
     backend: Option<String>,
-    /// Where an SQS, Azure or QStash queue keeps its failure records: a PostgreSQL URL (default
-    /// `DATABASE_URL`).
+    /// Where an SQS, Azure or QStash queue keeps its failure records and its flow control (paused
+    /// kinds, limits): a PostgreSQL URL (default `DATABASE_URL`).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     records: Option<String>,
     /// The PostgreSQL schema of redrive's tables.
@@ -78,7 +84,8 @@ enum Command {
         older_than: Duration,
     },
     /// Serves the dashboard: open records by kind and severity, a record's payload and errors,
-    /// replay and discard, bulk replay, the audit trail, queue depth, and Prometheus `/metrics`.
+    /// replay and discard, bulk replay, the audit trail, queue depth, paused kinds and limits
+    /// (pause, resume, limit), and Prometheus `/metrics`.
     Serve {
         /// The address to listen on. Beyond loopback a token is required.
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -99,6 +106,13 @@ enum Command {
     Queue {
         #[command(subcommand)]
         command: Queue,
+    },
+    /// Flow control, as every worker of the queue sees it: pause and resume a job kind, set its
+    /// limits, read who did what. Kept in the queue's database (a broker's: its records database,
+    /// where its workers' ledger normally is).
+    Kind {
+        #[command(subcommand)]
+        command: kind::Kind,
     },
 }
 
@@ -220,7 +234,7 @@ fn ago(age: Duration) -> chrono::DateTime<chrono::Utc> {
 }
 
 /// What a command ends with: done, or nothing matched (exit code 2).
-enum Done {
+pub(crate) enum Done {
     Done,
     NothingMatched,
 }
@@ -279,6 +293,7 @@ async fn run(cli: &Cli) -> redrive::Result<Done> {
             out.stats(target.counts().await?, target.count_open().await?);
             Ok(Done::Done)
         }
+        Command::Kind { command } => kind::run(&target, &out, command).await,
     }
 }
 
@@ -295,7 +310,8 @@ async fn serve(
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| redrive::Error::new(ErrorKind::Config, "cannot record metrics").with_source(e))?;
-    let mut dashboard = redrive_dashboard::Dashboard::new(target).with_metrics(metrics);
+    // The backend is its own flow store (a broker's: its records database): the Kinds page.
+    let mut dashboard = redrive_dashboard::Dashboard::new(target.clone()).with_flow(target).with_metrics(metrics);
     if let Some(token) = token {
         dashboard = dashboard.with_token(token)?;
     }

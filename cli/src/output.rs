@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use redrive::{Counts, FailureRecord, RecordState, ReplayOutcome};
+use chrono::{DateTime, Utc};
+use redrive::{Counts, FailureRecord, FlowEvent, KindFlow, Limits, Paused, Rate, RecordState, ReplayOutcome};
 use serde_json::json;
 
 pub(crate) struct Output {
@@ -38,6 +39,21 @@ fn state(state: &RecordState) -> String {
     }
 }
 
+/// Rows under a header, each column as wide as its widest cell.
+fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
+    let header = header.map(String::from);
+    let mut widths = header.clone().map(|h| h.chars().count());
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    for row in std::iter::once(&header).chain(rows) {
+        let cells: Vec<String> = row.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        println!("{}", cells.join("  ").trim_end());
+    }
+}
+
 fn print_json(value: &impl serde::Serialize) {
     println!("{}", serde_json::to_string_pretty(value).expect("serializes"));
 }
@@ -61,17 +77,7 @@ impl Output {
                 ]
             })
             .collect();
-        let header = ["ID", "KIND", "KEY", "SEVERITY", "ATTEMPTS", "LAST FAILED (UTC)", "LAST ERROR"].map(String::from);
-        let mut widths = header.clone().map(|h| h.chars().count());
-        for row in &rows {
-            for (w, cell) in widths.iter_mut().zip(row) {
-                *w = (*w).max(cell.chars().count());
-            }
-        }
-        for row in std::iter::once(&header).chain(&rows) {
-            let cells: Vec<String> = row.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect();
-            println!("{}", cells.join("  ").trim_end());
-        }
+        table(["ID", "KIND", "KEY", "SEVERITY", "ATTEMPTS", "LAST FAILED (UTC)", "LAST ERROR"], &rows);
         if let Some(last) = records.last() {
             let plural = if records.len() == 1 { "" } else { "s" };
             println!("\n{} record{plural}; the next page: --after {}", records.len(), last.id);
@@ -165,5 +171,114 @@ impl Output {
         };
         println!("oldest ready  {oldest}");
         println!("open records  {open}");
+    }
+}
+
+fn time(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%S").to_string()
+}
+
+fn paused_json(p: &Paused) -> serde_json::Value {
+    json!({ "reason": p.reason, "by": p.by, "at": p.at, "probe_at": p.probe_at })
+}
+
+fn limits_json(l: &Limits) -> serde_json::Value {
+    let rate = |r: Option<Rate>| r.map(|r| r.to_string());
+    json!({
+        "concurrency": l.concurrency,
+        "rate": rate(l.rate),
+        "key_concurrency": l.key_concurrency,
+        "key_rate": rate(l.key_rate),
+    })
+}
+
+/// When a breaker's probe may run: `due now`, or the time.
+fn probe(p: &Paused) -> String {
+    match p.probe_at {
+        Some(at) if at <= Utc::now() => "due now".into(),
+        Some(at) => time(at),
+        None => "-".into(),
+    }
+}
+
+impl Output {
+    pub(crate) fn kinds(&self, kinds: &[KindFlow]) {
+        if self.json {
+            let kinds: Vec<_> = kinds
+                .iter()
+                .map(|k| json!({ "kind": k.kind, "paused": k.paused.as_ref().map(paused_json), "limits": limits_json(&k.limits) }))
+                .collect();
+            return print_json(&kinds);
+        }
+        if kinds.is_empty() {
+            return println!("no kind is paused or limited");
+        }
+        let rows: Vec<[String; 7]> = kinds
+            .iter()
+            .map(|k| {
+                let (state, by, since, next, reason) = match &k.paused {
+                    Some(p) => ("paused".into(), p.by.clone(), time(p.at), probe(p), short(&p.reason, 60)),
+                    None => ("running".into(), "-".into(), "-".into(), "-".into(), String::new()),
+                };
+                [k.kind.clone(), state, by, since, next, k.limits.to_string(), reason]
+            })
+            .collect();
+        table(["KIND", "STATE", "BY", "SINCE (UTC)", "NEXT PROBE (UTC)", "LIMITS", "REASON"], &rows);
+    }
+
+    /// After a pause: the kind's pause as the store has it, ours (`changed`) or an earlier one.
+    pub(crate) fn paused(&self, flow: &KindFlow, changed: bool) {
+        if self.json {
+            let paused = flow.paused.as_ref().map(paused_json);
+            return print_json(&json!({ "kind": flow.kind, "changed": changed, "paused": paused }));
+        }
+        match (&flow.paused, changed) {
+            (Some(p), true) => println!("paused {} by {}: {}", flow.kind, p.by, p.reason),
+            (Some(p), false) => println!(
+                "{} was paused already by {} since {} UTC: {}; nothing changed",
+                flow.kind,
+                p.by,
+                time(p.at),
+                p.reason
+            ),
+            // Resumed by someone else between the two reads.
+            (None, _) => println!("{} is not paused now", flow.kind),
+        }
+    }
+
+    pub(crate) fn resumed(&self, kind: &str, changed: bool) {
+        if self.json {
+            return print_json(&json!({ "kind": kind, "changed": changed }));
+        }
+        if changed {
+            println!("resumed {kind}");
+        } else {
+            println!("{kind} was not paused: nothing changed");
+        }
+    }
+
+    pub(crate) fn limits(&self, kind: &str, before: &Limits, after: &Limits) {
+        if self.json {
+            return print_json(&json!({ "kind": kind, "limits": limits_json(after), "before": limits_json(before) }));
+        }
+        println!("{kind}: {after} (before: {before})");
+    }
+
+    pub(crate) fn events(&self, events: &[FlowEvent]) {
+        if self.json {
+            let events: Vec<_> = events
+                .iter()
+                .map(|e| json!({ "at": e.at, "kind": e.kind, "action": e.action.as_str(), "by": e.by, "detail": e.detail }))
+                .collect();
+            return print_json(&events);
+        }
+        if events.is_empty() {
+            return println!("no flow events");
+        }
+        let rows: Vec<[String; 5]> = events
+            .iter()
+            .map(|e| [time(e.at), e.kind.clone(), e.action.as_str().into(), e.by.clone(), short(&e.detail, 80)])
+            .collect();
+        table(["AT (UTC)", "KIND", "WHAT", "BY", "DETAIL"], &rows);
     }
 }

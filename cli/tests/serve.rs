@@ -1,7 +1,8 @@
 //! `redrive serve` on the brokers, SQS (moto) and Azure Queue Storage (Azurite) with their records
 //! in PostgreSQL, and on a SQLite file. The dashboard lists what the queues dead-lettered, discards
 //! one and replays the other through its forms, its process restarted keeps the audit trail, and
-//! the replayed job is back on the queue once. The browser
+//! the replayed job is back on the queue once; a kind paused on its Kinds page is paused in the
+//! file, or in the broker's records database. The browser
 //! test (browser.rs) covers the pages themselves on PostgreSQL.
 
 mod common;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use common::{database, serve, sqs_endpoint, unique};
 use redrive_azure::{AzureBackend, AzureConfig, QueueOptions};
 use redrive_core::kit::{Claim, Kinds};
-use redrive_core::{DeadLetter, Enqueue, FailureQuery, IdempotencyKey, NewJob, RecordState};
+use redrive_core::{DeadLetter, Enqueue, FailureQuery, Flow, IdempotencyKey, NewJob, RecordState};
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
 use reqwest::StatusCode;
 
@@ -71,6 +72,25 @@ async fn operate(backend: &str, schema: &str, queue: &impl DeadLetter) -> Idempo
     records[1].key.clone()
 }
 
+/// Through the dashboard's Kinds page: a pause with a reason and a name, kept in `store` (the
+/// file, or a broker's records database), then a resume.
+async fn pause_and_resume(backend: &str, schema: &str, store: &impl Flow) {
+    let (_served, url) = serve(backend, schema, None);
+    let http =
+        reqwest::Client::builder().cookie_store(true).redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let confirm = http.get(format!("{url}/kinds/pause?kind=ship")).send().await.unwrap().text().await.unwrap();
+    let start = confirm.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let csrf = confirm[start..].split('"').next().unwrap();
+    let form = [("csrf", csrf), ("kind", "ship"), ("reason", "carrier down"), ("by", "ada")];
+    let done = http.post(format!("{url}/kinds/pause")).form(&form).send().await.unwrap();
+    assert_eq!(done.status(), StatusCode::SEE_OTHER);
+    let paused = store.kinds().await.unwrap().into_iter().find_map(|k| k.paused.filter(|_| k.kind == "ship"));
+    assert_eq!(paused.map(|p| (p.by, p.reason)), Some(("ada".into(), "carrier down".into())));
+    let form = [("csrf", csrf), ("kind", "ship"), ("by", "ada")];
+    http.post(format!("{url}/kinds/resume")).form(&form).send().await.unwrap();
+    assert!(store.kinds().await.unwrap().is_empty(), "resumed");
+}
+
 async fn back_once(queue: &impl Claim, key: &IdempotencyKey) {
     let mut back = Vec::new();
     for _ in 0..30 {
@@ -116,6 +136,7 @@ async fn the_dashboard_works_an_azure_queue() {
     two_failures(&queue).await;
     let key = operate(&format!("azure://{name}"), db.schema(), &queue).await;
     back_once(&queue, &key).await;
+    pause_and_resume(&format!("azure://{name}"), db.schema(), &db).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,4 +147,5 @@ async fn the_dashboard_works_a_sqlite_file() {
     two_failures(&file).await;
     let key = operate(&format!("sqlite://{}", path.display()), "-", &file).await;
     back_once(&file, &key).await;
+    pause_and_resume(&format!("sqlite://{}", path.display()), "-", &file).await;
 }

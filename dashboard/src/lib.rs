@@ -2,6 +2,9 @@
 //! severity, one record's payload beside its error history, replay and discard with a
 //! confirmation, bulk replay of a filter with its progress, the audit trail (who closed each
 //! record and why, as the records keep it), the queue's depth, and a Prometheus `/metrics`.
+//! Given a flow store ([`Dashboard::with_flow`]), a Kinds page too: paused kinds with who, why
+//! and since, each kind's limits and their history; pause (with a confirmation), resume and set
+//! limits.
 //!
 //! ```no_run
 //! # async fn run(backend: redrive_core::MemoryBackend) -> Result<(), Box<dyn std::error::Error>> {
@@ -40,6 +43,7 @@
 mod auth;
 mod bulk;
 mod filter;
+mod kinds;
 mod pages;
 mod views;
 
@@ -55,10 +59,11 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum_extra::extract::cookie::CookieJar;
 use metrics_exporter_prometheus::PrometheusHandle;
-use redrive_core::{DeadLetter, Error, ErrorKind, QueueStats, Replay, Result};
+use redrive_core::{DeadLetter, Error, ErrorKind, Flow, QueueStats, Replay, Result};
 use tokio::net::TcpListener;
 
 use crate::auth::{Auth, CSRF_COOKIE, Client, Https};
+use crate::kinds::FlowStore;
 
 /// What the dashboard needs of a backend: its failure records, replay, and its queue's counts.
 /// Every redrive backend is one.
@@ -73,12 +78,29 @@ pub struct Dashboard<B> {
     token: Option<String>,
     metrics: Option<PrometheusHandle>,
     https: Https,
+    flow: Option<Arc<dyn FlowStore>>,
 }
 
 impl<B: Records> Dashboard<B> {
-    /// A dashboard over `backend`, with no token and no metrics.
+    /// A dashboard over `backend`, with no token, no metrics and no Kinds page.
     pub fn new(backend: B) -> Self {
-        Self { backend, token: None, metrics: None, https: Https::default() }
+        Self { backend, token: None, metrics: None, https: Https::default(), flow: None }
+    }
+
+    /// Adds the Kinds page over this flow store: the paused kinds (who, why, since, a breaker's
+    /// next probe), each kind's limits and the history of both; pausing (with a confirmation),
+    /// resuming and setting limits, each kept with the operator's name as replays and discards
+    /// are. Give it the store the workers' ledger uses ([`Ledger::flow`]): the backend itself
+    /// for PostgreSQL and SQLite, a broker's records database (`redrive serve` passes its
+    /// `AnyBackend`, which is both).
+    ///
+    /// A store of its own rather than a bound on `B`: a broker's backend keeps no flow, and a
+    /// dashboard without one stays as it was.
+    ///
+    /// [`Ledger::flow`]: redrive_core::kit::Ledger::flow
+    pub fn with_flow(mut self, store: impl Flow + 'static) -> Self {
+        self.flow = Some(Arc::new(store));
+        self
     }
 
     /// Requires `token` to sign in (and as a bearer token on `/metrics`). At least 16
@@ -132,8 +154,10 @@ impl<B: Records> Dashboard<B> {
             auth: Auth::new(self.token, self.https),
             metrics: self.metrics,
             bulk: bulk::Runs::default(),
+            flow: self.flow,
         });
         pages::routes::<B>()
+            .merge(kinds::routes::<B>())
             .route("/metrics", get(pages::metrics::<B>))
             .route("/logout", get(auth::sign_out_page::<B>).post(auth::sign_out::<B>))
             .layer(middleware::from_fn_with_state(app.clone(), guard::<B>))
@@ -166,6 +190,8 @@ pub(crate) struct App<B> {
     pub(crate) auth: Auth,
     pub(crate) metrics: Option<PrometheusHandle>,
     pub(crate) bulk: bulk::Runs,
+    /// The flow store, if the Kinds page is on.
+    pub(crate) flow: Option<Arc<dyn FlowStore>>,
 }
 
 /// The CSRF token of this browser, for the forms a page renders.

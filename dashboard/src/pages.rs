@@ -27,7 +27,7 @@ const READ_AT_MOST: usize = 10_000;
 /// Records per list page.
 const PAGE: usize = 50;
 
-type Shared<B> = State<Arc<App<B>>>;
+pub(crate) type Shared<B> = State<Arc<App<B>>>;
 
 pub(crate) fn routes<B: Records>() -> Router<Arc<App<B>>> {
     Router::new()
@@ -68,7 +68,7 @@ pub(crate) fn problem(status: StatusCode, message: impl Into<String>) -> Respons
     render(status, views::Problem { frame: frame("Problem"), message: message.into() })
 }
 
-fn failed(e: redrive_core::Error) -> Response {
+pub(crate) fn failed(e: redrive_core::Error) -> Response {
     let status = match e.kind() {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::InvalidName | ErrorKind::InvalidKey => StatusCode::BAD_REQUEST,
@@ -119,6 +119,15 @@ async fn overview<B: Records>(State(app): Shared<B>) -> Response {
         Ok(found) => found,
         Err(response) => return response,
     };
+    let paused = match &app.flow {
+        Some(store) => match store.all_kinds().await {
+            Ok(kinds) => Some(
+                kinds.iter().filter_map(|k| k.paused.as_ref().map(|p| crate::kinds::paused_view(&k.kind, p))).collect(),
+            ),
+            Err(e) => return failed(e),
+        },
+        None => None,
+    };
     // Worst severity first, then by kind: (count, oldest, newest) of each.
     type Figures = (usize, DateTime<Utc>, DateTime<Utc>);
     let mut groups: BTreeMap<(std::cmp::Reverse<Severity>, String), Figures> = BTreeMap::new();
@@ -146,6 +155,7 @@ async fn overview<B: Records>(State(app): Shared<B>) -> Response {
             depth: views::depth(&counts, open, oldest),
             groups,
             truncated: truncated.then_some(READ_AT_MOST),
+            paused,
         },
     )
 }
@@ -221,17 +231,17 @@ async fn confirm_discard<B: Records>(
 
 /// A form post's common fields.
 #[derive(Debug, Deserialize)]
-struct Act {
+pub(crate) struct Act {
     #[serde(default)]
-    csrf: String,
+    pub(crate) csrf: String,
     #[serde(default)]
-    by: String,
+    pub(crate) by: String,
     #[serde(default)]
-    reason: String,
+    pub(crate) reason: String,
 }
 
 /// Refuses a post without CSRF token or name: the response to send instead.
-fn refuse(headers: &HeaderMap, jar: &CookieJar, form: &Act) -> Option<Response> {
+pub(crate) fn refuse(headers: &HeaderMap, jar: &CookieJar, form: &Act) -> Option<Response> {
     if let Some(why) = csrf_refusal(headers, jar, &form.csrf) {
         tracing::warn!(why, "dashboard refused a form post");
         return Some(problem(StatusCode::FORBIDDEN, format!("Refused {why}.")));

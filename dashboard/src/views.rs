@@ -101,6 +101,8 @@ pub(crate) struct Overview {
     pub(crate) groups: Vec<Group>,
     /// More open records than the page reads; the groups count the first ones.
     pub(crate) truncated: Option<usize>,
+    /// The paused kinds, where the dashboard has a flow store.
+    pub(crate) paused: Option<Vec<PausedKind>>,
 }
 
 /// One line of a list of records.
@@ -277,4 +279,66 @@ pub(crate) struct SignOut {
 pub(crate) struct Problem {
     pub(crate) frame: Frame,
     pub(crate) message: String,
+}
+
+/// A paused kind: who, why, since when, and a breaker's next probe.
+pub(crate) struct PausedKind {
+    pub(crate) kind: String,
+    pub(crate) by: String,
+    pub(crate) reason: String,
+    pub(crate) since: String,
+    pub(crate) probe: Option<String>,
+}
+
+/// A kind the flow store knows, with its limits.
+pub(crate) struct KindRow {
+    pub(crate) kind: String,
+    pub(crate) paused: bool,
+    pub(crate) limits: String,
+}
+
+/// One line of flow control's history.
+pub(crate) struct FlowLine {
+    pub(crate) at: String,
+    pub(crate) kind: String,
+    pub(crate) action: &'static str,
+    pub(crate) by: String,
+    pub(crate) detail: String,
+}
+
+#[derive(Template)]
+#[template(path = "kinds.html")]
+pub(crate) struct Kinds {
+    pub(crate) frame: Frame,
+    pub(crate) paused: Vec<PausedKind>,
+    pub(crate) rows: Vec<KindRow>,
+    pub(crate) history: Vec<FlowLine>,
+    pub(crate) notice: Option<String>,
+    pub(crate) csrf: String,
+}
+
+#[derive(Template)]
+#[template(path = "confirm_pause.html")]
+pub(crate) struct ConfirmPause {
+    pub(crate) frame: Frame,
+    /// Blank: the form asks for it.
+    pub(crate) kind: String,
+    /// Set if the kind is paused already.
+    pub(crate) paused: Option<PausedKind>,
+    pub(crate) csrf: String,
+}
+
+#[derive(Template)]
+#[template(path = "limits.html")]
+pub(crate) struct LimitsForm {
+    pub(crate) frame: Frame,
+    /// Blank: the form asks for it.
+    pub(crate) kind: String,
+    /// The limits now, as the store has them.
+    pub(crate) now: String,
+    pub(crate) concurrency: String,
+    pub(crate) rate: String,
+    pub(crate) key_concurrency: String,
+    pub(crate) key_rate: String,
+    pub(crate) csrf: String,
 }
