@@ -14,6 +14,6 @@ WITH was AS (
 INSERT INTO {schema}.flow_events (kind, action, by, detail)
 SELECT kind, 'resumed', $2,
        'paused by ' || paused_by || ' since '
-           || to_char(paused_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || ' UTC'
+           || to_char(paused_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC'
 FROM resumed
 RETURNING 1

@@ -12,7 +12,8 @@
 //!   `Broker` calls and keep failure records in a [`RecordStore`] (a record is [`Taken`] while
 //!   a replay sends it), and carry jobs in an [`Envelope`].
 //! - A ledger may keep flow control ([`Ledger::flow`], the application's [`Flow`](crate::Flow));
-//!   its stores share the checks [`check_pause`] and [`check_kind`] and the [`gcra`] step, and
+//!   its stores share the checks [`check_pause`], [`check_kind`] and [`require_history`] and the
+//!   [`gcra`] step, and
 //!   hand out [`Tokens`] and [`Slot`]s ([`NoFlow`] where a ledger keeps none).
 //! - [`require_audit`] is the check every backend makes before a discard or a replay.
 //! - [`BoxFuture`] is the boxed future of the object-safe traits ([`RecordStore`], alert sinks).
@@ -45,7 +46,7 @@ pub mod broker;
 pub use crate::alert::BoxFuture;
 pub use crate::backend::{
     AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Dedupe, Hold, Kinds, Lease, Ledger, NoFlow, NoRenewal,
-    Renew, Slot, Tokens, check_kind, check_pause, gcra, require_audit,
+    Renew, Slot, Tokens, check_kind, check_pause, gcra, require_audit, require_history,
 };
 pub use crate::envelope::{ENVELOPE_VERSION, Envelope};
 pub use crate::job::{JobRecord, payload_fingerprint};

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redrive_core::kit::{Slot, Tokens, check_kind, check_pause, require_audit};
+use redrive_core::kit::{Slot, Tokens, check_kind, check_pause, require_history};
 use redrive_core::{BREAKER, Error, ErrorKind, Flow, FlowAction, FlowEvent, KindFlow, Limits, Paused, Rate, Result};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -95,7 +95,7 @@ impl Flow for PgBackend {
 
     async fn resume(&self, kind: &str, by: &str) -> Result<bool> {
         check_kind(kind)?;
-        require_audit("who resumed", by)?;
+        require_history("who resumed", by)?;
         let resumed = q(&self.inner.sql.flow_resume)
             .bind(kind)
             .bind(by)
@@ -107,7 +107,7 @@ impl Flow for PgBackend {
 
     async fn set_limits(&self, kind: &str, limits: &Limits, by: &str) -> Result<()> {
         check_kind(kind)?;
-        require_audit("who set the limits", by)?;
+        require_history("who set the limits", by)?;
         limits.validate()?;
         let (rate_count, rate_per) = rate_columns(limits.rate);
         let (key_rate_count, key_rate_per) = rate_columns(limits.key_rate);

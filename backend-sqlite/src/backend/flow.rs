@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use redrive_core::kit::{Slot, Tokens, check_kind, check_pause, gcra, require_audit};
+use redrive_core::kit::{Slot, Tokens, check_kind, check_pause, gcra, require_history};
 use redrive_core::{BREAKER, Flow, FlowAction, FlowEvent, KindFlow, Limits, Paused, Rate, Result};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
@@ -101,12 +101,16 @@ impl Flow for SqliteBackend {
 
     async fn resume(&self, kind: &str, by: &str) -> Result<bool> {
         check_kind(kind)?;
-        require_audit("who resumed", by)?;
+        require_history("who resumed", by)?;
         let mut tx = self.write().await?;
         let was = q(sql::flow_paused).bind(kind).fetch_optional(&mut *tx).await.map_err(|e| db(e, "resume a kind"))?;
         let Some(was) = was else { return Ok(false) };
         q(sql::flow_unpause).bind(kind).bind(false).execute(&mut *tx).await.map_err(|e| db(e, "resume a kind"))?;
-        let detail = format!("paused by {} since {}", was.get::<String, _>("paused_by"), time(was.get("paused_at")));
+        let detail = format!(
+            "paused by {} since {}",
+            was.get::<String, _>("paused_by"),
+            time(was.get("paused_at")).format("%Y-%m-%d %H:%M:%S UTC")
+        );
         log(&mut tx, kind, FlowAction::Resumed, by, &detail).await?;
         tx.commit().await.map_err(|e| db(e, "commit a resume"))?;
         Ok(true)
@@ -114,7 +118,7 @@ impl Flow for SqliteBackend {
 
     async fn set_limits(&self, kind: &str, limits: &Limits, by: &str) -> Result<()> {
         check_kind(kind)?;
-        require_audit("who set the limits", by)?;
+        require_history("who set the limits", by)?;
         limits.validate()?;
         let (rate_count, rate_per) = rate_columns(limits.rate);
         let (key_rate_count, key_rate_per) = rate_columns(limits.key_rate);

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::require_audit;
 use crate::error::{Error, ErrorKind, Result};
 
 /// A rate: at most `count` in any `per`, spread evenly once the first `count` (the burst) are
@@ -236,7 +235,7 @@ pub trait Flow: Send + Sync {
     /// Every kind that is paused or has limits, by kind.
     fn kinds(&self) -> impl Future<Output = Result<Vec<KindFlow>>> + Send;
 
-    /// Pauses `kind`, keeping why and who (both required, see [`require_audit`]). A breaker's
+    /// Pauses `kind`, keeping why and who (both required, see [`require_history`]). A breaker's
     /// pause (`probe_after` set) lets a probe run `probe_after` from now. Answers false, changing
     /// nothing, if the kind is paused already: the first pause stands, so of several workers
     /// tripping one breaker, one alerts.
@@ -321,8 +320,20 @@ impl Flow for NoFlow {
 /// The checks every store makes before a pause: a kind, a reason and a name.
 pub fn check_pause(kind: &str, reason: &str, by: &str) -> Result<()> {
     check_kind(kind)?;
-    require_audit("a pause's reason", reason)?;
-    require_audit("who paused", by)
+    require_history("a pause's reason", reason)?;
+    require_history("who paused", by)
+}
+
+/// Refuses `text` if it is blank: what a kind's history keeps of who changed it (and why, for a
+/// pause). `what` names it in the error.
+pub fn require_history(what: &str, text: &str) -> Result<()> {
+    if text.trim().is_empty() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{what} is required: it is kept in the kind's history"),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a blank kind name.

@@ -68,20 +68,21 @@ impl Flow for MemoryBackend {
 
     async fn resume(&self, kind: &str, by: &str) -> Result<bool> {
         check_kind(kind)?;
-        crate::backend::require_audit("who resumed", by)?;
+        crate::backend::require_history("who resumed", by)?;
         let mut state = self.lock();
         let flow = &mut state.flow;
         let Some(paused) = flow.kinds.get_mut(kind).and_then(|(paused, _)| paused.take()) else {
             return Ok(false);
         };
-        flow.log(kind, FlowAction::Resumed, by, format!("paused by {} since {}", paused.by, paused.at));
+        let since = paused.at.format("%Y-%m-%d %H:%M:%S UTC");
+        flow.log(kind, FlowAction::Resumed, by, format!("paused by {} since {since}", paused.by));
         flow.tidy(kind);
         Ok(true)
     }
 
     async fn set_limits(&self, kind: &str, limits: &Limits, by: &str) -> Result<()> {
         check_kind(kind)?;
-        crate::backend::require_audit("who set the limits", by)?;
+        crate::backend::require_history("who set the limits", by)?;
         limits.validate()?;
         let mut state = self.lock();
         let flow = &mut state.flow;
