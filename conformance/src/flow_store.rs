@@ -223,7 +223,8 @@ pub async fn one_probe_per_probe_time<F: Flow + Clone + 'static>(a: F, b: F) {
 }
 
 /// Panics unless `close_breaker` ends a breaker's pause, once, with a `resumed` event by
-/// [`BREAKER`], and leaves a person's pause as it was.
+/// [`BREAKER`], and leaves a person's pause as it was; and unless a person's pause takes over a
+/// breaker's (which no probe then ends), while a breaker's never takes over a pause.
 pub async fn close_breaker_leaves_a_persons_pause<F: Flow + Clone + 'static>(a: F, b: F) {
     let (person, breaker) = ("send_mail", "charge_order");
     assert!(a.pause(person, "maintenance", "ana", None).await.unwrap());
@@ -239,6 +240,15 @@ pub async fn close_breaker_leaves_a_persons_pause<F: Flow + Clone + 'static>(a: 
     let events = a.events(Some(breaker), 1).await.unwrap();
     assert_eq!((events[0].action, events[0].by.as_str()), (FlowAction::Resumed, BREAKER));
     assert!(!a.close_breaker("never_paused").await.unwrap());
+
+    // A person's pause takes over a breaker's, and no probe or success of one ends it.
+    assert!(a.pause(breaker, "5 failures in a row", BREAKER, Some(Duration::ZERO)).await.unwrap());
+    assert!(!b.pause(breaker, "again", BREAKER, Some(Duration::ZERO)).await.unwrap(), "a breaker's stands");
+    assert!(b.pause(breaker, "maintenance", "ana", None).await.unwrap(), "a person's takes over");
+    assert!(!a.take_probe(breaker, Duration::from_secs(60)).await.unwrap(), "no probe of a person's pause");
+    assert!(!a.close_breaker(breaker).await.unwrap(), "nor does a probe's success end it");
+    assert_eq!(paused(&a, breaker).await.map(|p| (p.by, p.probe_at)), Some(("ana".to_owned(), None)));
+    assert!(!a.pause(breaker, "5 failures in a row", BREAKER, Some(Duration::ZERO)).await.unwrap());
 }
 
 /// Panics unless a fresh bucket grants its burst (the count) and then nothing, with a wait until

@@ -238,7 +238,8 @@ pub trait Flow: Send + Sync {
     /// Pauses `kind`, keeping why and who (both required, see [`require_history`]). A breaker's
     /// pause (`probe_after` set) lets a probe run `probe_after` from now. Answers false, changing
     /// nothing, if the kind is paused already: the first pause stands, so of several workers
-    /// tripping one breaker, one alerts.
+    /// tripping one breaker, one alerts. A person's pause (`probe_after` `None`) takes over a
+    /// breaker's, so that no probe resumes a kind a person means to keep paused.
     fn pause(
         &self,
         kind: &str,

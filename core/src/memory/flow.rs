@@ -56,7 +56,9 @@ impl Flow for MemoryBackend {
         let mut state = self.lock();
         let flow = &mut state.flow;
         let entry = flow.kinds.entry(kind.to_owned()).or_default();
-        if entry.0.is_some() {
+        // The first pause stands, but a person's takes over a breaker's: its probe would
+        // otherwise resume what the person meant to keep paused.
+        if entry.0.as_ref().is_some_and(|p| p.probe_at.is_none() || probe_after.is_some()) {
             return Ok(false);
         }
         let at = Utc::now();

@@ -222,14 +222,24 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                     }
                 }
                 Admission::Release => {
+                    self.hand_in_slots(attempt);
                     // Its slot is free at once: room for a claim.
                     drop((slot, outstanding));
                     self.claiming.room_made();
                     return self.give_back(claimed).await;
                 }
-                Admission::Defer { delay, why } => return self.defer(attempt, delay, why).await,
-                Admission::Complete(unrun) => return self.complete_unrun(attempt, unrun).await,
+                // Nothing runs: the slots its limits took go back before a settlement that may
+                // be tried again for a while.
+                Admission::Defer { delay, why } => {
+                    self.hand_in_slots(attempt);
+                    return self.defer(attempt, delay, why).await;
+                }
+                Admission::Complete(unrun) => {
+                    self.hand_in_slots(attempt);
+                    return self.complete_unrun(attempt, unrun).await;
+                }
                 Admission::DeadLetter(error) => {
+                    self.hand_in_slots(attempt);
                     if let Some(held) = &held {
                         self.release_hold(held).await;
                     }
@@ -387,17 +397,18 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     }
 
     /// Carries out the retry policy's decision after a run.
-    async fn decide(&self, attempt: &Attempt<'_>, mut outcome: Outcome) {
+    async fn decide(&self, attempt: &Attempt<'_>, outcome: Outcome) {
         let job = &attempt.claimed.job;
         // A failure while its kind's breaker holds the kind paused (this one may have tripped
-        // it) is the provider's, not the job's: it waits for the probe, its attempt given back.
-        if let Some(wait) = self.breaker_after(job, &outcome, attempt.probe()).await
-            && let Outcome::Retry { error, .. } = &outcome
-        {
-            outcome = Outcome::NotNow { after: wait, error: error.clone() };
-        }
+        // it) is the provider's, not the job's: it waits for the probe, its attempt given back,
+        // however old the job (the pause is listed and alerted: not unseen).
+        let breaker_wait = self.breaker_after(job, &outcome, attempt.probe()).await;
         let age = (chrono::Utc::now() - job.enqueued_at).to_std().unwrap_or_default();
-        match self.attempts.policy.decide(job.attempt, job.cap, age, &outcome) {
+        let decision = match (breaker_wait, &outcome) {
+            (Some(wait), Outcome::Retry { .. }) => Decision::DeferFor(wait),
+            _ => self.attempts.policy.decide(job.attempt, job.cap, age, &outcome),
+        };
+        match decision {
             Decision::Complete => {
                 debug!("done");
                 self.counters.add_for(Count::Succeeded, &job.kind, 1);

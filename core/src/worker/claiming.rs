@@ -161,6 +161,10 @@ pub(super) async fn claim_loop<Q: Claim + DeadLetter + 'static, L: Ledger + 'sta
     let (buffer, waiting) = mpsc::unbounded_channel::<(Instant, Claimed)>();
     let dispatcher = tokio::spawn(dispatch(Arc::clone(&shared), waiting, Arc::clone(&room), stop.clone(), tracker));
     let sweep = tokio::spawn(super::alerts::sweep(Arc::clone(&shared), stop.clone()));
+    let slots = {
+        let (shared, stop) = (Arc::clone(&shared), stop.clone());
+        tokio::spawn(async move { shared.keep_sweeping(&stop).await })
+    };
     let claimers: Vec<_> = (0..claimers)
         .map(|_| tokio::spawn(claimer(Arc::clone(&shared), buffer.clone(), Arc::clone(&room), stop.clone())))
         .collect();
@@ -178,6 +182,9 @@ pub(super) async fn claim_loop<Q: Claim + DeadLetter + 'static, L: Ledger + 'sta
     shared.stop_flow().await;
     if let Err(e) = sweep.await {
         error!(error = %e, "worker alert sweep panicked");
+    }
+    if let Err(e) = slots.await {
+        error!(error = %e, "worker slot sweep panicked");
     }
 }
 

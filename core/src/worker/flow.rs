@@ -173,6 +173,11 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         }
         match on_flow!(self, f => f.kinds()) {
             Ok(kinds) => {
+                // A paused kind's run of failures is over: the pause answered it, and after the
+                // resume a new run starts from none.
+                let mut failing = flowing.failing.lock().unwrap_or_else(|p| p.into_inner());
+                failing.retain(|kind, _| !kinds.iter().any(|k| k.kind == *kind && k.paused.is_some()));
+                drop(failing);
                 let kinds = kinds.into_iter().map(|k| (k.kind.clone(), Arc::new(k))).collect();
                 *flowing.known() = Known { kinds, at: Some(Instant::now()) };
             }
@@ -205,21 +210,17 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         let job = &attempt.claimed.job;
         let kind = &job.kind;
         let recheck = self.config.poll * 5;
-        let mut gate = Gate::Open;
+        let waiting = |by: &str, until: Duration| Gate::Paused { by: by.to_owned(), recheck: until.min(recheck) };
+        // A breaker's pause whose probe is due: this job may be the probe, once it has the
+        // slots and tokens its limits want (taken first, so that a probe is not spent on a job
+        // that then waits for them).
+        let mut probing = None;
         if let Some(paused) = &flow.paused {
             let now = Utc::now();
-            let waiting = |by: &str, until: Duration| Gate::Paused { by: by.to_owned(), recheck: until.min(recheck) };
             match paused.probe_at {
                 None => return Ok(waiting(&paused.by, recheck)),
                 Some(at) if at > now => return Ok(waiting(&paused.by, (at - now).to_std().unwrap_or_default())),
-                Some(_) => {
-                    let cool_down = self.flowing.breakers.get(kind).copied().unwrap_or_default().cool_down;
-                    if !on_flow!(self, f => f.take_probe(kind, cool_down))? {
-                        return Ok(waiting(&paused.by, cool_down));
-                    }
-                    info!("the kind's breaker is half-open: this job is its probe");
-                    gate = Gate::Probe;
-                }
+                Some(_) => probing = Some(paused),
             }
         }
         let limits = flow.limits;
@@ -237,7 +238,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         let permits = &self.flowing.permits;
         for (key, n) in slots {
             // A slot this worker holds idle serves at once; else one from the store.
-            let slot = match permits.lend(key) {
+            let slot = match permits.lend(key, n) {
                 Some(slot) => slot,
                 None => match on_flow!(self, f => f.take_slot(key, n, self.config.lease))? {
                     Some(slot) => {
@@ -260,7 +261,13 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             }
             permits.stock(key, tokens.granted - 1);
         }
-        Ok(gate)
+        let Some(paused) = probing else { return Ok(Gate::Open) };
+        let cool_down = self.flowing.breakers.get(kind).copied().unwrap_or_default().cool_down;
+        if !on_flow!(self, f => f.take_probe(kind, cool_down))? {
+            return Ok(waiting(&paused.by, cool_down));
+        }
+        info!("the kind's breaker is half-open: this job is its probe");
+        Ok(Gate::Probe)
     }
 
     /// Keeps the attempt's slots for as long as its handler runs, whatever the sweeps do (they
@@ -293,8 +300,9 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     /// The attempt's handler returned: its slots stay with this worker, idle, for the next job of
     /// their key. A limit counts handlers running, not settlements on their way.
     pub(super) fn hand_in_slots(&self, attempt: &Attempt<'_>) {
-        for slot in std::mem::take(&mut *attempt.slots()) {
-            self.flowing.permits.give_back(&slot);
+        let slots = std::mem::take(&mut *attempt.slots());
+        for slot in &slots {
+            self.flowing.permits.give_back(slot);
         }
     }
 
@@ -323,6 +331,22 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         }
         for slot in &sweep.renew {
             self.renew_slot(slot).await;
+        }
+    }
+
+    /// Sweeps the slots held here while the worker runs, whether or not it claims (its handlers
+    /// may all be busy with other kinds): an idle slot goes back within its linger, and a held
+    /// one is renewed in time.
+    pub(super) async fn keep_sweeping(&self, stop: &tokio_util::sync::CancellationToken) {
+        let every = self.flowing.permits.sweep_every().max(Duration::from_millis(5));
+        while !stop.is_cancelled() {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = stop.cancelled() => return,
+            }
+            if self.flowing.permits.holds_slots() {
+                self.sweep_slots(false).await;
+            }
         }
     }
 
@@ -356,6 +380,21 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             }
             return None;
         };
+        if job.attempt >= job.cap && breaker.is_some() {
+            // Its last attempt: another worker's breaker may have tripped since this one last
+            // looked, and a record now is what the breaker is there to spare. Look again.
+            self.forget_flow();
+            self.refresh_flow().await;
+        }
+        // Paused by a breaker (another worker's, maybe one with no breaker set here): the
+        // provider's failure, not the job's. It waits for the next probe, its attempt given back.
+        let cool_down = breaker.unwrap_or_default().cool_down;
+        let paused = self.flowing.kind(kind).and_then(|k| k.paused.clone());
+        if let Some(paused) = paused.filter(|p| p.by == BREAKER || probe) {
+            self.flowing.failing.lock().unwrap_or_else(|p| p.into_inner()).remove(kind);
+            let next = paused.probe_at.and_then(|at| (at - Utc::now()).to_std().ok());
+            return Some(next.unwrap_or(cool_down).max(Duration::from_millis(100)));
+        }
         let breaker = breaker?;
         let failures = {
             let mut failing = self.flowing.failing.lock().unwrap_or_else(|p| p.into_inner());
@@ -363,20 +402,11 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             *n += 1;
             *n
         };
-        if job.attempt >= job.cap {
-            // Its last attempt: another worker's breaker may have tripped since this one last
-            // looked, and a record now is what the breaker is there to spare. Look again.
-            self.forget_flow();
-            self.refresh_flow().await;
-        }
-        let paused = self.flowing.kind(kind).and_then(|k| k.paused.clone());
-        if let Some(paused) = paused.filter(|p| p.by == BREAKER || probe) {
-            let next = paused.probe_at.and_then(|at| (at - Utc::now()).to_std().ok());
-            return Some(next.unwrap_or(breaker.cool_down).max(Duration::from_millis(100)));
-        }
-        if probe || failures < breaker.after {
+        if failures < breaker.after {
             return None;
         }
+        // A new run of failures starts from here, whoever's pause stands.
+        self.flowing.failing.lock().unwrap_or_else(|p| p.into_inner()).remove(kind);
         let reason = format!("{failures} failures in a row; last: {error}");
         match on_flow!(self, f => f.pause(kind, &reason, BREAKER, Some(breaker.cool_down))) {
             Ok(true) => {

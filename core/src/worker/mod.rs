@@ -511,4 +511,6 @@ fn job_span(claimed: &Claimed) -> tracing::Span {
 }
 
 #[cfg(test)]
+mod flow_tests;
+#[cfg(test)]
 mod tests;

@@ -69,10 +69,18 @@ impl Permits {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// An idle slot of `key` this worker holds, now lent to a job.
-    pub(super) fn lend(&self, key: &str) -> Option<Slot> {
+    /// An idle slot of `key` this worker holds, one of the first `limit` (a lowered limit leaves
+    /// the others idle, to go back), now lent to a job. A slot idle past the linger or due a
+    /// renewal is not lent: a sweep may be late, and the store may have let it lapse.
+    pub(super) fn lend(&self, key: &str, limit: u32) -> Option<Slot> {
+        let now = Instant::now();
         let mut held = self.held();
-        let idle = held.get_mut(key)?.iter_mut().find(|h| h.idle_since.is_some())?;
+        let fresh = |h: &Held| {
+            h.slot.slot < limit
+                && h.idle_since.is_some_and(|since| now.duration_since(since) < self.linger)
+                && now.duration_since(h.renewed) < self.renew_every
+        };
+        let idle = held.get_mut(key)?.iter_mut().find(|h| fresh(h))?;
         idle.idle_since = None;
         Some(idle.slot.clone())
     }
@@ -84,9 +92,16 @@ impl Permits {
 
     /// A slot just taken from the store for a job.
     pub(super) fn adopt(&self, slot: Slot) {
-        self.holding.store(true, Ordering::Relaxed);
         let held = Held { slot, idle_since: None, renewed: Instant::now() };
-        self.held().entry(held.slot.key.clone()).or_default().push(held);
+        let mut slots = self.held();
+        slots.entry(held.slot.key.clone()).or_default().push(held);
+        // Under the lock: a sweep between the two would see none held and clear it.
+        self.holding.store(true, Ordering::Relaxed);
+    }
+
+    /// How often the held slots want a sweep: half the linger or half the renewal period.
+    pub(super) fn sweep_every(&self) -> Duration {
+        self.linger.min(self.renew_every) / 2
     }
 
     /// A job is done with `slot`: it stays here, idle, for the next job of its key.
@@ -116,7 +131,7 @@ impl Permits {
         let now = Instant::now();
         {
             let mut swept = self.swept.lock().unwrap_or_else(|p| p.into_inner());
-            if !all && now.duration_since(*swept) < self.linger.min(self.renew_every) / 2 {
+            if !all && now.duration_since(*swept) < self.sweep_every() {
                 return Sweep::default();
             }
             *swept = now;
@@ -179,18 +194,34 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_slot_serves_the_next_job_of_its_key_then_goes_back_once_idle() {
         let permits = Permits::new(Duration::from_millis(100), Duration::from_secs(10));
-        assert_eq!(permits.lend("kind:a"), None, "nothing held yet: take one from the store");
+        assert_eq!(permits.lend("kind:a", 10), None, "nothing held yet: take one from the store");
         permits.adopt(slot("kind:a", 0));
-        assert_eq!(permits.lend("kind:a"), None, "the one held is busy");
+        assert_eq!(permits.lend("kind:a", 10), None, "the one held is busy");
         permits.give_back(&slot("kind:a", 0));
-        assert_eq!(permits.lend("kind:a"), Some(slot("kind:a", 0)), "the next job of the key takes it, no round trip");
-        assert_eq!(permits.lend("kind:b"), None, "another key's jobs do not");
+        assert_eq!(
+            permits.lend("kind:a", 10),
+            Some(slot("kind:a", 0)),
+            "the next job of the key takes it, no round trip"
+        );
+        assert_eq!(permits.lend("kind:b", 10), None, "another key's jobs do not");
         permits.give_back(&slot("kind:a", 0));
         tokio::time::advance(Duration::from_millis(60)).await;
         assert!(permits.sweep(false).release.is_empty(), "idle for less than the linger: kept");
         tokio::time::advance(Duration::from_millis(60)).await;
         assert_eq!(permits.sweep(false).release, [slot("kind:a", 0)], "idle past the linger: back to the store");
-        assert_eq!(permits.lend("kind:a"), None);
+        assert_eq!(permits.lend("kind:a", 10), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_past_a_lowered_limit_or_due_a_renewal_is_not_lent() {
+        let permits = Permits::new(Duration::from_millis(100), Duration::from_secs(10));
+        permits.adopt(slot("kind:a", 4));
+        permits.give_back(&slot("kind:a", 4));
+        assert_eq!(permits.lend("kind:a", 4), None, "slot 4 is past a limit lowered to 4");
+        assert_eq!(permits.lend("kind:a", 5), Some(slot("kind:a", 4)));
+        permits.give_back(&slot("kind:a", 4));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(permits.lend("kind:a", 5), None, "idle past the linger: its sweep may be late");
     }
 
     #[tokio::test(start_paused = true)]
