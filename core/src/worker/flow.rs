@@ -344,9 +344,8 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 () = tokio::time::sleep(every) => {}
                 () = stop.cancelled() => return,
             }
-            if self.flowing.permits.holds_slots() {
-                self.sweep_slots(false).await;
-            }
+            // Also when no slot is held: spent tokens' keys are forgotten.
+            self.sweep_slots(false).await;
         }
     }
 
@@ -418,11 +417,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                     probe_every: breaker.cool_down,
                     raised_at: Utc::now(),
                 };
-                for sink in &self.alerting.sinks {
-                    if let Err(e) = sink.paused(&alert).await {
-                        warn!(error = %e, "the breaker's alert was not delivered");
-                    }
-                }
+                self.announce_pause(&alert).await;
             }
             Ok(false) => {}
             Err(e) => {
@@ -432,6 +427,29 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         }
         self.forget_flow();
         Some(breaker.cool_down)
+    }
+
+    /// Sends a breaker's alert to every sink, each tried a few times with backoff. Not through the
+    /// ledger as a record's alert is: one worker's pause stands, so one worker sends it, and the
+    /// pause itself stays listed (`redrive kind list`, the dashboard) if every try fails.
+    async fn announce_pause(&self, alert: &PauseAlert) {
+        let backoff = crate::policy::Backoff {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(5),
+            ..crate::policy::Backoff::default()
+        };
+        for sink in &self.alerting.sinks {
+            for attempt in 1..=4 {
+                match sink.paused(alert).await {
+                    Ok(()) => break,
+                    Err(e) if attempt < 4 => {
+                        warn!(error = %e, attempt, "the breaker's alert was not delivered; trying again");
+                        tokio::time::sleep(backoff.delay(attempt)).await;
+                    }
+                    Err(e) => warn!(error = %e, "the breaker's alert was not delivered; the pause stays listed"),
+                }
+            }
+        }
     }
 
     /// Makes the next look read the store again (a pause or resume just made here).

@@ -153,6 +153,9 @@ impl Permits {
         }
         held.retain(|_, slots| !slots.is_empty());
         self.holding.store(!held.is_empty(), Ordering::Relaxed);
+        drop(held);
+        // Tokens past their time are worth nothing: forget their keys (one per tenant, else).
+        self.tokens.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, spare| now < spare.until);
         sweep
     }
 
