@@ -13,7 +13,8 @@
 //!   a replay sends it), and carry jobs in an [`Envelope`].
 //! - A ledger may keep flow control ([`Ledger::flow`], the application's [`Flow`](crate::Flow));
 //!   its stores share the checks [`check_pause`], [`check_kind`] and [`require_history`] and the
-//!   [`gcra`] step, and
+//!   [`gcra`] step and the stored form of a rate ([`rate_columns`], [`stored_rate`],
+//!   [`stored_count`]), and
 //!   hand out [`Tokens`] and [`Slot`]s ([`NoFlow`] where a ledger keeps none).
 //! - [`require_audit`] is the check every backend makes before a discard or a replay.
 //! - [`BoxFuture`] is the boxed future of the object-safe traits ([`RecordStore`], alert sinks).
@@ -46,7 +47,8 @@ pub mod broker;
 pub use crate::alert::BoxFuture;
 pub use crate::backend::{
     AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Dedupe, Hold, Kinds, Lease, Ledger, NoFlow, NoRenewal,
-    Renew, Slot, Tokens, check_kind, check_pause, gcra, require_audit, require_history,
+    Renew, Slot, Tokens, check_kind, check_pause, gcra, rate_columns, require_audit, require_history, stored_count,
+    stored_rate,
 };
 pub use crate::envelope::{ENVELOPE_VERSION, Envelope};
 pub use crate::job::{JobRecord, payload_fingerprint};

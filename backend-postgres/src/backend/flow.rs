@@ -6,8 +6,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redrive_core::kit::{Slot, Tokens, check_kind, check_pause, require_history};
-use redrive_core::{BREAKER, Error, ErrorKind, Flow, FlowAction, FlowEvent, KindFlow, Limits, Paused, Rate, Result};
+use redrive_core::kit::{
+    Slot, Tokens, check_kind, check_pause, rate_columns, require_history, stored_count, stored_rate,
+};
+use redrive_core::{BREAKER, Error, Flow, FlowAction, FlowEvent, KindFlow, Limits, Paused, Rate, Result};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use uuid::Uuid;
@@ -24,24 +26,6 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-fn decode(what: &str) -> Error {
-    Error::new(ErrorKind::Decode, format!("postgres: a stored {what} does not read back"))
-}
-
-fn count(n: i64, what: &str) -> Result<u32> {
-    u32::try_from(n).map_err(|_| decode(what))
-}
-
-fn rate(count_of: Option<i64>, per_us: Option<i64>) -> Result<Option<Rate>> {
-    match (count_of, per_us) {
-        (Some(n), Some(per)) => {
-            let per = u64::try_from(per).map_err(|_| decode("rate"))?;
-            Ok(Some(Rate { count: count(n, "rate")?, per: Duration::from_micros(per) }))
-        }
-        _ => Ok(None),
-    }
-}
-
 fn kind_flow(row: &PgRow) -> Result<KindFlow> {
     let at: Option<DateTime<Utc>> = row.get("paused_at");
     let paused = match (at, row.get::<Option<String>, _>("paused_by")) {
@@ -53,19 +37,14 @@ fn kind_flow(row: &PgRow) -> Result<KindFlow> {
         }),
         _ => None,
     };
-    let concurrency = |column: &str| row.get::<Option<i64>, _>(column).map(|n| count(n, "limit")).transpose();
+    let concurrency = |column: &str| row.get::<Option<i64>, _>(column).map(|n| stored_count(n, "limit")).transpose();
     let limits = Limits {
         concurrency: concurrency("concurrency")?,
-        rate: rate(row.get("rate_count"), row.get("rate_per_us"))?,
+        rate: stored_rate(row.get("rate_count"), row.get("rate_per_us"))?,
         key_concurrency: concurrency("key_concurrency")?,
-        key_rate: rate(row.get("key_rate_count"), row.get("key_rate_per_us"))?,
+        key_rate: stored_rate(row.get("key_rate_count"), row.get("key_rate_per_us"))?,
     };
     Ok(KindFlow { kind: row.get("kind"), paused, limits })
-}
-
-/// A rate as bound: its count and its period in microseconds.
-fn rate_columns(rate: Option<Rate>) -> (Option<i64>, Option<i64>) {
-    rate.map_or((None, None), |r| (Some(i64::from(r.count)), Some(micros(r.per))))
 }
 
 /// A slot's index and holder as bound; `None` where the slot cannot be one of ours.
@@ -201,7 +180,7 @@ impl Flow for PgBackend {
                 .map_err(|e| db(e, "take a slot"))?;
             let slot = row.get::<Option<i32>, _>("took").or(row.get::<Option<i32>, _>("made"));
             if let Some(slot) = slot {
-                let slot = u32::try_from(slot).map_err(|_| decode("slot"))?;
+                let slot = stored_count(slot.into(), "slot")?;
                 return Ok(Some(Slot { key: key.to_owned(), slot, token: token.to_string() }));
             }
             if !row.get::<Option<bool>, _>("short").unwrap_or(false) {

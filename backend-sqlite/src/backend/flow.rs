@@ -6,32 +6,16 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use redrive_core::kit::{Slot, Tokens, check_kind, check_pause, gcra, require_history};
+use redrive_core::kit::{
+    Slot, Tokens, check_kind, check_pause, gcra, rate_columns, require_history, stored_count, stored_rate,
+};
 use redrive_core::{BREAKER, Flow, FlowAction, FlowEvent, KindFlow, Limits, Paused, Rate, Result};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
 use super::{SqliteBackend, ms, now_ms, time};
-use crate::error::{db, stored};
+use crate::error::db;
 use crate::sql::{self, q};
-
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX / 4)
-}
-
-fn count(n: i64, what: &str) -> Result<u32> {
-    u32::try_from(n).map_err(|_| stored(what))
-}
-
-fn rate(count_of: Option<i64>, per_us: Option<i64>) -> Result<Option<Rate>> {
-    match (count_of, per_us) {
-        (Some(n), Some(per)) => {
-            let per = u64::try_from(per).map_err(|_| stored("rate"))?;
-            Ok(Some(Rate { count: count(n, "rate")?, per: Duration::from_micros(per) }))
-        }
-        _ => Ok(None),
-    }
-}
 
 fn kind_flow(row: &SqliteRow) -> Result<KindFlow> {
     let paused = match (row.get::<Option<i64>, _>("paused_at"), row.get::<Option<String>, _>("paused_by")) {
@@ -43,19 +27,14 @@ fn kind_flow(row: &SqliteRow) -> Result<KindFlow> {
         }),
         _ => None,
     };
-    let concurrency = |column: &str| row.get::<Option<i64>, _>(column).map(|n| count(n, "limit")).transpose();
+    let concurrency = |column: &str| row.get::<Option<i64>, _>(column).map(|n| stored_count(n, "limit")).transpose();
     let limits = Limits {
         concurrency: concurrency("concurrency")?,
-        rate: rate(row.get("rate_count"), row.get("rate_per_us"))?,
+        rate: stored_rate(row.get("rate_count"), row.get("rate_per_us"))?,
         key_concurrency: concurrency("key_concurrency")?,
-        key_rate: rate(row.get("key_rate_count"), row.get("key_rate_per_us"))?,
+        key_rate: stored_rate(row.get("key_rate_count"), row.get("key_rate_per_us"))?,
     };
     Ok(KindFlow { kind: row.get("kind"), paused, limits })
-}
-
-/// A rate as stored: its count and its period in microseconds.
-fn rate_columns(rate: Option<Rate>) -> (Option<i64>, Option<i64>) {
-    rate.map_or((None, None), |r| (Some(i64::from(r.count)), Some(micros(r.per))))
 }
 
 /// Writes a flow event inside `tx`.
@@ -216,7 +195,7 @@ impl Flow for SqliteBackend {
             .await
             .map_err(|e| db(e, "take a slot"))?;
         let Some(row) = taken else { return Ok(None) };
-        let slot = count(row.get("slot"), "slot")?;
+        let slot = stored_count(row.get("slot"), "slot")?;
         Ok(Some(Slot { key: key.to_owned(), slot, token }))
     }
 

@@ -345,6 +345,30 @@ pub fn check_kind(kind: &str) -> Result<()> {
     Ok(())
 }
 
+/// A rate as a store keeps it: its count and its period in microseconds (`None`, `None`: none).
+pub fn rate_columns(rate: Option<Rate>) -> (Option<i64>, Option<i64>) {
+    let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX / 4);
+    rate.map_or((None, None), |r| (Some(i64::from(r.count)), Some(micros(r.per))))
+}
+
+/// A rate read back from [`rate_columns`]; a value that does not fit is a
+/// [`Decode`](ErrorKind::Decode) error.
+pub fn stored_rate(count: Option<i64>, per_us: Option<i64>) -> Result<Option<Rate>> {
+    let (Some(count), Some(per)) = (count, per_us) else { return Ok(None) };
+    let per = u64::try_from(per).map_err(|_| stored("rate"))?;
+    Ok(Some(Rate { count: stored_count(count, "rate")?, per: Duration::from_micros(per) }))
+}
+
+/// A count (of a rate, or a concurrency limit) read back; a value that does not fit is a
+/// [`Decode`](ErrorKind::Decode) error naming `what`.
+pub fn stored_count(n: i64, what: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| stored(what))
+}
+
+fn stored(what: &str) -> Error {
+    Error::new(ErrorKind::Decode, format!("a stored {what} does not read back"))
+}
+
 /// The GCRA step every store computes the same way, in microseconds: with the bucket's
 /// theoretical arrival time `tat` (`None`: a new bucket) at `now`, how many of `want` are granted
 /// and the bucket's new time, or how long to wait. A grant moves the time one interval per start;

@@ -41,7 +41,7 @@ pub use dead_letter::{
 pub use enqueue::{Enqueue, EnqueueExt, Enqueued};
 pub use flow::{
     BREAKER, Flow, FlowAction, FlowEvent, KindFlow, Limits, NoFlow, Paused, Rate, Slot, Tokens, check_kind,
-    check_pause, gcra, require_history,
+    check_pause, gcra, rate_columns, require_history, stored_count, stored_rate,
 };
 pub use ledger::{Begin, Hold, Ledger};
 pub use stats::{Counts, QueueStats, QueueStatsExt};

@@ -159,9 +159,6 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     /// Reads the kinds' flow from the store if what is known is older than a poll. A store that
     /// cannot be read leaves what was known (and the gate finds the store down).
     pub(super) async fn refresh_flow(&self) {
-        if self.flowing.permits.holds_slots() {
-            self.sweep_slots(false).await;
-        }
         let flowing = &self.flowing;
         if flowing.known().at.is_some_and(|at| at.elapsed() < flowing.every) {
             return;
@@ -195,12 +192,12 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         match self.pass(attempt, &flow, handler).await {
             Ok(gate) => {
                 if gate != Gate::Open && gate != Gate::Probe {
-                    self.release_slots(attempt).await;
+                    self.hand_in_slots(attempt);
                 }
                 gate
             }
             Err(e) => {
-                self.release_slots(attempt).await;
+                self.hand_in_slots(attempt);
                 Gate::Unreachable { failures: self.claiming.ledger_failed(), error: e.to_string() }
             }
         }
@@ -270,8 +267,9 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         Ok(Gate::Probe)
     }
 
-    /// Keeps the attempt's slots for as long as its handler runs, whatever the sweeps do (they
-    /// stop with the claims at shutdown). Never returns.
+    /// Keeps the attempt's slots once the claims have stopped, for as long as its handler runs
+    /// through the shutdown's grace: until then the worker's sweep renews every slot it holds.
+    /// Never returns.
     pub(super) async fn keep_slots(&self, attempt: &Attempt<'_>) {
         if attempt.slots().is_empty() {
             return std::future::pending().await;
@@ -279,6 +277,9 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         let lease = self.config.lease;
         loop {
             tokio::time::sleep(lease / 3).await;
+            if !self.flowing.stopping.load(Ordering::Relaxed) {
+                continue;
+            }
             let slots = attempt.slots().clone();
             for slot in &slots {
                 self.renew_slot(slot).await;
@@ -307,15 +308,11 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     }
 
     /// The attempt is over: any slots it still has stay with this worker, idle, for the next job
-    /// of their key (a stopping worker gives them back to the store at once).
+    /// of their key; a stopping worker, whose sweep has ended, gives them back to the store at once.
     pub(super) async fn release_slots(&self, attempt: &Attempt<'_>) {
-        let slots = std::mem::take(&mut *attempt.slots());
-        for slot in &slots {
-            self.flowing.permits.give_back(slot);
-        }
-        let stopping = self.flowing.stopping.load(Ordering::Relaxed);
-        if !slots.is_empty() || stopping {
-            self.sweep_slots(stopping).await;
+        self.hand_in_slots(attempt);
+        if self.flowing.stopping.load(Ordering::Relaxed) {
+            self.sweep_slots(true).await;
         }
     }
 

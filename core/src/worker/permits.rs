@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -30,8 +29,6 @@ pub(super) struct Permits {
     renew_every: Duration,
     /// When the held slots were last looked over.
     swept: Mutex<Instant>,
-    /// Whether any slot is held: a worker whose kinds have no concurrency limit never sweeps.
-    holding: AtomicBool,
 }
 
 struct Held {
@@ -61,7 +58,6 @@ impl Permits {
             linger,
             renew_every,
             swept: Mutex::new(Instant::now()),
-            holding: AtomicBool::new(false),
         }
     }
 
@@ -85,18 +81,10 @@ impl Permits {
         Some(idle.slot.clone())
     }
 
-    /// Whether any slot is held here.
-    pub(super) fn holds_slots(&self) -> bool {
-        self.holding.load(Ordering::Relaxed)
-    }
-
     /// A slot just taken from the store for a job.
     pub(super) fn adopt(&self, slot: Slot) {
         let held = Held { slot, idle_since: None, renewed: Instant::now() };
-        let mut slots = self.held();
-        slots.entry(held.slot.key.clone()).or_default().push(held);
-        // Under the lock: a sweep between the two would see none held and clear it.
-        self.holding.store(true, Ordering::Relaxed);
+        self.held().entry(held.slot.key.clone()).or_default().push(held);
     }
 
     /// How often the held slots want a sweep: half the linger or half the renewal period.
@@ -152,7 +140,6 @@ impl Permits {
             });
         }
         held.retain(|_, slots| !slots.is_empty());
-        self.holding.store(!held.is_empty(), Ordering::Relaxed);
         drop(held);
         // Tokens past their time are worth nothing: forget their keys (one per tenant, else).
         self.tokens.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, spare| now < spare.until);
