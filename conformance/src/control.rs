@@ -120,6 +120,7 @@ pub async fn outage_storm<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
         run.script.fault(*id, Fault::Outage);
         run.must("enqueue", run.s.queue.enqueue(Probe::new(*id).new_job().with_cap(3)).await)?;
     }
+    let started = std::time::Instant::now();
     let workers = two_workers(&run, 2, Some(breaker));
     let waiting = run.wait_for("the breaker's pause", || async {
         flow.kinds().await.is_ok_and(|k| k.iter().any(|k| k.paused.as_ref().is_some_and(|p| p.by == BREAKER)))
@@ -128,6 +129,7 @@ pub async fn outage_storm<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
     let outage = lease * 2;
     tokio::time::sleep(outage).await;
     let during = run.script.starts.lock().unwrap().len();
+    let elapsed = started.elapsed();
     run.script.outage.store(false, Ordering::SeqCst);
     let healed = run.wait_for_effects(ids.len()).await;
     run.settle().await;
@@ -157,9 +159,10 @@ pub async fn outage_storm<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
     ensure!(run, alerts == 1, "the breaker's pause should be announced once, across both workers; {alerts} alerts");
     // Each worker counts its own failures (up to `after` before one trips it); each may start
     // its two handlers' jobs twice more before it reads the pause (in flight, then within the
-    // poll its view of the store is stale); each cool-down of the outage lets one probe through.
-    // Without the breaker: 12 jobs × 3 attempts, and 12 records.
-    let probes = (outage.as_millis() / breaker.cool_down.as_millis()) as usize + 1;
+    // poll its view of the store is stale); each cool-down since the pause lets one probe
+    // through, counted over all the time that passed (the pause came some time after the start,
+    // and was seen some time after that). Without the breaker: 12 jobs × 3 attempts, 12 records.
+    let probes = (elapsed.as_millis() / breaker.cool_down.as_millis()) as usize + 1;
     let bound = 2 * (breaker.after as usize + 2 * 2) + probes;
     ensure!(
         run,
