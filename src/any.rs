@@ -59,8 +59,8 @@ use std::time::Duration;
 
 use redrive_core::kit::{Backend, Capabilities, Slot, Tokens};
 use redrive_core::{
-    Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, Flow, FlowEvent,
-    KindFlow, Limits, NewJob, QueueStats, Rate, Replay, ReplayOutcome, Result,
+    Blocked, Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, Flow,
+    FlowEvent, KindFlow, Limits, NewJob, QueueStats, Rate, Replay, ReplayOutcome, Result,
 };
 
 /// The backend a URL named. Every variant is the backend's own type, so an application that
@@ -380,6 +380,10 @@ impl DeadLetter for AnyBackend {
 
     async fn purge(&self, age: Duration) -> Result<u64> {
         on!(self, b => b.purge(age).await)
+    }
+
+    async fn blocked(&self) -> Result<Vec<Blocked>> {
+        on!(self, b => b.blocked().await)
     }
 }
 

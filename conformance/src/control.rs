@@ -24,7 +24,7 @@ fn store<Q: Queue, L: Ledger + Clone + 'static>(run: &Run<Q, L>) -> Result<&impl
 }
 
 /// Two workers with the scenario settings, each with `concurrency` handlers.
-fn two_workers<Q: Queue, L: Ledger + Clone + 'static>(
+pub(crate) fn two_workers<Q: Queue, L: Ledger + Clone + 'static>(
     run: &Run<Q, L>,
     concurrency: usize,
     breaker: Option<Breaker>,

@@ -179,6 +179,10 @@ impl<T: DeadLetter> DeadLetter for Frozen<T> {
         self.alive().await;
         self.inner.purge(age).await
     }
+    async fn blocked(&self) -> R<Vec<redrive_core::Blocked>> {
+        self.alive().await;
+        self.inner.blocked().await
+    }
 }
 
 impl<T: Ledger> Ledger for Frozen<T> {
@@ -279,6 +283,9 @@ macro_rules! forward_capabilities_and_records {
             }
             async fn purge(&self, age: std::time::Duration) -> redrive_core::Result<u64> {
                 self.inner.purge(age).await
+            }
+            async fn blocked(&self) -> redrive_core::Result<Vec<redrive_core::Blocked>> {
+                self.inner.blocked().await
             }
         }
     };

@@ -42,7 +42,21 @@ impl Job for Probe {
     fn limit_key(&self) -> Option<String> {
         Some(format!("tenant{}", self.id / 100))
     }
+
+    /// Probes 700 to 799 run in order by their ten (`account70` for ids 700 to 709): see
+    /// [`order_group`].
+    fn order_key(&self) -> Option<String> {
+        order_group(self.id).map(|group| format!("account{group}"))
+    }
 }
+
+/// The order key's group of a probe (its id / 10) for ids 700 to 799; `None` elsewhere.
+pub(crate) fn order_group(id: u32) -> Option<u32> {
+    (700..800).contains(&id).then_some(id / 10)
+}
+
+/// The [`Script::running`] entry of an order key's group: this plus [`order_group`].
+pub(crate) const ORDER: u32 = 1_000_000;
 
 /// The second kind, for [`mixed_kinds`](crate::mixed_kinds): same shape, another kind.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,7 +171,8 @@ pub(crate) struct Script {
     failed_alerts: Mutex<HashMap<FailureId, u32>>,
     /// Every handler start's time, in order.
     pub(crate) start_times: Mutex<Vec<tokio::time::Instant>>,
-    /// Handlers running now and the most at once, by tenant (id / 100) and in all ([`ALL`]).
+    /// Handlers running now and the most at once, by tenant (id / 100), by order key
+    /// ([`ORDER`] + [`order_group`]) and in all ([`ALL`]).
     pub(crate) running: Mutex<HashMap<u32, (usize, usize)>>,
     /// Whether [`Fault::Outage`]'s provider is down.
     pub(crate) outage: std::sync::atomic::AtomicBool,
@@ -168,13 +183,18 @@ pub(crate) struct Script {
 /// The [`Script::running`] entry of all tenants together.
 pub(crate) const ALL: u32 = u32::MAX;
 
+/// The [`Script::running`] entries a probe counts in.
+fn groups(id: u32) -> impl Iterator<Item = u32> {
+    [id / 100, ALL].into_iter().chain(order_group(id).map(|group| ORDER + group))
+}
+
 /// Counts a handler running, for [`Script::running`], until dropped.
 struct Running<'a>(&'a Script, u32);
 
 impl<'a> Running<'a> {
     fn start(script: &'a Script, id: u32) -> Self {
         let mut running = script.running.lock().unwrap();
-        for tenant in [id / 100, ALL] {
+        for tenant in groups(id) {
             let (now, most) = running.entry(tenant).or_default();
             *now += 1;
             *most = (*most).max(*now);
@@ -186,7 +206,7 @@ impl<'a> Running<'a> {
 impl Drop for Running<'_> {
     fn drop(&mut self) {
         let mut running = self.0.running.lock().unwrap_or_else(|p| p.into_inner());
-        for tenant in [self.1 / 100, ALL] {
+        for tenant in groups(self.1) {
             running.entry(tenant).or_default().0 -= 1;
         }
     }
@@ -221,7 +241,8 @@ impl Script {
         self.alerts.lock().unwrap().len()
     }
 
-    /// The most handlers that ran at once: of one tenant (id / 100), or of all ([`ALL`]).
+    /// The most handlers that ran at once: of one tenant (id / 100), of an order key ([`ORDER`]
+    /// + its group), or of all ([`ALL`]).
     pub(crate) fn most_running(&self, tenant: u32) -> usize {
         self.running.lock().unwrap().get(&tenant).map_or(0, |(_, most)| *most)
     }

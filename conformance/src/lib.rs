@@ -15,7 +15,7 @@
 //! that nothing else reads: each capability is a promise the suite checks. The last are flow
 //! control: a handler's "not now", a timeout per kind, a paused kind, a circuit breaker through an
 //! outage, a rate limit, and concurrency limits per kind and per key (kept in the ledger's flow
-//! store, shared by every worker).
+//! store, shared by every worker), and order per key through a failure.
 //!
 //! | # | scenario | the invariant |
 //! |---|---|---|
@@ -55,6 +55,12 @@
 //! | 34 | [`max_delay`] | a job scheduled within `max_delay` is held back by the backend; past it, claimed early only with its time |
 //! | 35 | [`not_now`] | "not now" past the cap count: no attempt, no error, no record, the effect once; a job past `max_not_now` ends as a full record |
 //! | 36 | [`timeout`] | a handler past its kind's timeout: cancelled, retried to a full "timed out after" record, the key free; a quick one once |
+//! | 37 | [`paused_kind`] | a paused kind: none of its jobs start on any worker, other kinds run, all run once after the resume |
+//! | 38 | [`outage_storm`] | a provider down under a circuit breaker: no record, one pause alert, probes only while paused, every effect once |
+//! | 39 | [`rate_limited`] | a rate per kind across two workers: starts never outrun it, every job once on attempt 1 |
+//! | 40 | [`kind_concurrency`] | a concurrency limit per kind across two workers: never more at once, every job once |
+//! | 41 | [`key_concurrency`] | a concurrency limit per key: one tenant one at a time, the others not held behind it |
+//! | 42 | [`ordered_through_failure`] | jobs of one order key: in enqueue order, one at a time, held behind an open record until its replay or discard; refused where order is not kept |
 //!
 //! # Running it against your backend
 //!
@@ -101,6 +107,7 @@ mod harness;
 mod leases;
 mod limits;
 mod logs;
+mod order;
 mod process;
 mod receipts;
 mod records;
@@ -122,6 +129,7 @@ pub use flow::{not_now, timeout};
 pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
 pub use leases::{dead_worker, graceful_shutdown, slow_handler, stale_lease, stranded_claims};
 pub use limits::*;
+pub use order::ordered_through_failure;
 pub use process::{EnqueueJobs, hang_until_killed, is_killed_child, kill_worker_mid_job};
 pub use receipts::*;
 pub use records::check_record_store;
@@ -280,7 +288,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 41] = [
+pub const SCENARIOS: [&str; 42] = [
     "replay",
     "race",
     "exhaust",
@@ -322,6 +330,7 @@ pub const SCENARIOS: [&str; 41] = [
     "rate_limited",
     "kind_concurrency",
     "key_concurrency",
+    "ordered_through_failure",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -334,7 +343,8 @@ macro_rules! suite {
             stalled_heartbeat busy_never_dead_letters ledger_outage provider_key_once mixed_kinds crash_loop
             alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled
             settle_retried payload_limits no_receipt_in_logs atomic_batch claim_by_kind crash_refunds max_delay
-            not_now timeout paused_kind outage_storm rate_limited kind_concurrency key_concurrency);
+            not_now timeout paused_kind outage_storm rate_limited kind_concurrency key_concurrency
+            ordered_through_failure);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

@@ -93,8 +93,13 @@ enum Fault {
     /// `release_hold` does nothing: a key stays held until its hold lapses.
     HoldKept,
     /// Not a fault: declares what a broker does (no atomic batch, no claim by kind, no crash
-    /// refunds, no delay of its own), so that the suite holds it to less.
+    /// refunds, no delay of its own, no order per key, refusing order keys), so that the suite
+    /// holds it to less.
     DeclaresLess,
+    /// Enqueue drops a job's order key: jobs of one key run at once, and past a failed one.
+    IgnoresOrder,
+    /// Declares no order per key, yet takes jobs with an order key and runs them unordered.
+    AcceptsUnordered,
 }
 
 impl Broken {
@@ -116,7 +121,14 @@ impl Backend for Broken {
         if !self.has(Fault::DeclaresLess) {
             return declared;
         }
-        Capabilities { atomic_batch: false, claim_by_kind: false, crash_refunds: false, max_delay: None, ..declared }
+        Capabilities {
+            atomic_batch: false,
+            claim_by_kind: false,
+            crash_refunds: false,
+            max_delay: None,
+            order_per_key: false,
+            ..declared
+        }
     }
 }
 
@@ -141,6 +153,13 @@ impl Broken {
         }
         if self.has(Fault::IgnoresSchedule) || self.has(Fault::WorkerSchedules) {
             job.not_before = None;
+        }
+        if self.has(Fault::IgnoresOrder) {
+            job.order_key = None;
+        }
+        if !self.has(Fault::AcceptsUnordered) {
+            // The order check alone: the size is the other faults' business.
+            job.check_fits(&Capabilities { max_payload: usize::MAX, ..self.capabilities() })?;
         }
         Ok(Some(job))
     }
@@ -539,6 +558,21 @@ async fn a_backend_that_declares_less_is_held_to_less() {
     redrive_conformance::check(redrive_conformance::claim_by_kind(less(Fault::IgnoresKinds)).await);
     redrive_conformance::check(redrive_conformance::crash_refunds(less(Fault::ClaimsStart)).await);
     redrive_conformance::check(redrive_conformance::max_delay(less(Fault::WorkerSchedules)).await);
+    redrive_conformance::check(redrive_conformance::ordered_through_failure(less(Fault::DeclaresLess)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignoring_the_order_key_fails_ordered_through_failure() {
+    let violation =
+        redrive_conformance::ordered_through_failure(broken(&[Fault::IgnoresOrder], timing())).await.unwrap_err();
+    assert!(violation.message.contains("overtook an earlier one that failed"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taking_order_keys_without_keeping_order_fails_ordered_through_failure() {
+    let subject = broken(&[Fault::DeclaresLess, Fault::AcceptsUnordered], timing());
+    let violation = redrive_conformance::ordered_through_failure(subject).await.unwrap_err();
+    assert!(violation.message.contains("should be refused with InvalidInput"), "{violation}");
 }
 
 /// The memory backend behind a [`Broken`] takes payloads four times the declared limit, so that

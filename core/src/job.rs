@@ -15,6 +15,9 @@ use crate::redact::debug_redacted;
 /// The attempt cap a job gets when its type names none.
 pub const DEFAULT_CAP: u32 = 5;
 
+/// The longest [`Job::order_key`], in bytes.
+pub const MAX_ORDER_KEY: usize = 255;
+
 /// How loudly a failure record of this job should page someone. Ordered: `Warning` <
 /// `Error` < `Critical`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
@@ -95,6 +98,16 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     fn limit_key(&self) -> Option<String> {
         None
     }
+
+    /// The fact whose jobs must run one at a time, in the order they were enqueued (an account,
+    /// an order id), across kinds: a later job of the same order key waits while an earlier one
+    /// is queued, running, retrying, or failed with its record open (until the record is
+    /// replayed, which keeps the job's place, or discarded). `None` (the default): no order.
+    /// Only backends whose [`Capabilities::order_per_key`](crate::kit::Capabilities) is set keep
+    /// it; the others refuse such a job at enqueue rather than run it out of order.
+    fn order_key(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A job ready to enqueue: its keys are fixed here, once, and never re-derived by a retry.
@@ -118,6 +131,8 @@ pub struct NewJob {
     /// Not to run before this time (see [`EnqueueExt::enqueue_at`](crate::EnqueueExt::enqueue_at)).
     /// `None`: as soon as a worker is free.
     pub not_before: Option<DateTime<Utc>>,
+    /// Runs after every earlier job of this order key is done (see [`Job::order_key`]).
+    pub order_key: Option<String>,
 }
 
 impl NewJob {
@@ -131,6 +146,9 @@ impl NewJob {
         new.severity = J::SEVERITY;
         if let Some(after) = J::EXPIRES_AFTER {
             new = new.expires_in(after);
+        }
+        if let Some(order) = job.order_key() {
+            new = new.with_order_key(order)?;
         }
         Ok(new)
     }
@@ -148,7 +166,25 @@ impl NewJob {
             severity: Severity::default(),
             deadline: None,
             not_before: None,
+            order_key: None,
         })
+    }
+
+    /// Runs the job after every earlier job of `order` (see [`Job::order_key`]): 1 to
+    /// [`MAX_ORDER_KEY`] bytes without control characters, else [`ErrorKind::InvalidKey`].
+    pub fn with_order_key(mut self, order: impl Into<String>) -> Result<Self> {
+        let order = order.into();
+        if order.is_empty() || order.len() > MAX_ORDER_KEY || order.chars().any(char::is_control) {
+            return Err(Error::new(
+                ErrorKind::InvalidKey,
+                format!(
+                    "the order key of job {} must be 1 to {MAX_ORDER_KEY} bytes without control characters",
+                    self.key
+                ),
+            ));
+        }
+        self.order_key = Some(order);
+        Ok(self)
     }
 
     /// Runs the job no earlier than `at`.
@@ -198,6 +234,24 @@ impl NewJob {
     /// The payload's size in bytes as compact JSON, the figure checked against a backend's limit.
     pub fn payload_len(&self) -> usize {
         serde_json::to_vec(&self.payload).map_or(usize::MAX, |v| v.len())
+    }
+
+    /// Refuses what a backend with these capabilities cannot keep: a payload over its limit
+    /// ([`ErrorKind::PayloadTooLarge`]), an order key where it keeps no order
+    /// ([`ErrorKind::InvalidInput`]: run out of order, the job would break the promise its order
+    /// key makes).
+    pub fn check_fits(&self, capabilities: &crate::kit::Capabilities) -> Result<()> {
+        self.check_size(capabilities.max_payload)?;
+        if self.order_key.is_some() && !capabilities.order_per_key {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "job {} has an order key, and this backend does not keep order per key (see Capabilities::order_per_key)",
+                    self.key
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Refuses a payload over `limit` bytes with [`ErrorKind::PayloadTooLarge`].
@@ -460,7 +514,10 @@ mod tests {
     }
 }
 
-debug_redacted!(NewJob { show: [kind, key, provider_key, cap, severity, deadline, not_before], hide: [payload] });
+debug_redacted!(NewJob {
+    show: [kind, key, provider_key, cap, severity, deadline, not_before, order_key],
+    hide: [payload]
+});
 debug_redacted!(JobRecord {
     show: [
         id,

@@ -74,12 +74,12 @@ pub mod worker;
 pub use alert::WebhookAlerts;
 pub use alert::{Alert, AlertSink, AlertSinkExt, BoxFuture, PauseAlert, TracingAlerts};
 pub use backend::{
-    BREAKER, Counts, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId, FailureQuery, FailureRecord, Flow,
+    BREAKER, Blocked, Counts, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId, FailureQuery, FailureRecord, Flow,
     FlowAction, FlowEvent, KindFlow, Limits, Paused, QueueStats, QueueStatsExt, Rate, RecordState, Replay, ReplayExt,
     ReplayOutcome,
 };
 pub use error::{Error, ErrorKind, Result, Retry};
-pub use job::{DEFAULT_CAP, Job, JobContext, JobError, JobId, JobRecord, NewJob, Retrying, Severity};
+pub use job::{DEFAULT_CAP, Job, JobContext, JobError, JobId, JobRecord, MAX_ORDER_KEY, NewJob, Retrying, Severity};
 pub use key::{IdempotencyKey, KeyBuilder, ProviderKey};
 pub use memory::MemoryBackend;
 pub use policy::{Backoff, DEFAULT_MAX_NOT_NOW, Decision, Outcome, RetryPolicy};

@@ -208,6 +208,7 @@ impl AzureBackend {
                 ),
             ));
         }
+        job.check_fits(&self.capabilities())?;
         let body = Envelope::new(job).encode();
         let base64 = self.inner.options.base64;
         let text = wire::encode(&body, base64);
@@ -279,6 +280,10 @@ impl Backend for AzureBackend {
             // A scheduled job is sent invisible until its time, up to 7 days (less than the
             // message's time to live); a later one comes early and the worker puts it back.
             max_delay: Some(self.max_hidden()).filter(|d| !d.is_zero()),
+            // Its redrive moves a failed job out of the way and the next runs: the caution about
+            // dead-letter queues behind ordered delivery. Order per key is kept where claims can
+            // see the earlier jobs (the databases).
+            order_per_key: false,
         }
     }
 }

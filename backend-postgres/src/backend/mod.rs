@@ -368,6 +368,7 @@ impl Backend for PgBackend {
             min_lease: Duration::from_millis(1),
             // `run_at`: a scheduled job is not claimable before it.
             max_delay: Some(Duration::MAX),
+            order_per_key: true,
         }
     }
 }

@@ -84,7 +84,7 @@ impl Broker for QStashBackend {
     }
 
     fn check_job(&self, job: &NewJob) -> Result<()> {
-        job.check_size(self.capabilities().max_payload)?;
+        job.check_fits(&self.capabilities())?;
         if job.cap.saturating_sub(1) > self.inner.config.max_retries {
             return Err(Error::new(
                 ErrorKind::Config,

@@ -276,6 +276,10 @@ impl Backend for QStashBackend {
             claim_by_kind: true,
             min_lease: Duration::from_millis(10),
             max_delay: Some(MAX_DELAY),
+            // Its redrive moves a failed job out of the way and the next runs: the caution about
+            // dead-letter queues behind ordered delivery. Order per key is kept where claims can
+            // see the earlier jobs (the databases).
+            order_per_key: false,
         }
     }
 }

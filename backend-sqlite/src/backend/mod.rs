@@ -277,6 +277,7 @@ impl Backend for SqliteBackend {
             min_lease: Duration::from_millis(1),
             // `ready_at`: a scheduled job is not claimable before it.
             max_delay: Some(Duration::MAX),
+            order_per_key: true,
         }
     }
 }

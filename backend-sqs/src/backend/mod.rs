@@ -334,7 +334,7 @@ impl SqsBackend {
             )));
         }
         // The declared limit first: what is refused does not depend on the key's length.
-        job.check_size(self.capabilities().max_payload)?;
+        job.check_fits(&self.capabilities())?;
         let body = Envelope::new(job).encode();
         let attrs = HashMap::from([
             (ATTR_KIND.to_owned(), string_attr(&job.kind)),
@@ -521,6 +521,10 @@ impl Backend for SqsBackend {
             // one comes early and the worker puts it back (deferrals of 15 minutes at most). FIFO
             // queues refuse a per-message delay: there the worker does all the waiting.
             max_delay: (!self.inner.source.fifo).then_some(MAX_DELAY),
+            // Its redrive moves a failed job out of the way and the next runs: the caution about
+            // dead-letter queues behind ordered delivery. Order per key is kept where claims can
+            // see the earlier jobs (the databases).
+            order_per_key: false,
         }
     }
 }

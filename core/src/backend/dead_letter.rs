@@ -171,8 +171,30 @@ pub trait DeadLetter: Send + Sync {
     fn discard(&self, id: &FailureId, reason: &str, actor: &str) -> impl Future<Output = Result<()>> + Send;
 
     /// Deletes records (any state) whose last failure is older than `age`, payloads included.
-    /// Returns how many.
+    /// Returns how many. A purged open record no longer blocks its order key.
     fn purge(&self, age: Duration) -> impl Future<Output = Result<u64>> + Send;
+
+    /// The order keys held up by an open failure record (see [`Job::order_key`](crate::Job)),
+    /// oldest record first: each stays blocked until its record is replayed or discarded. Empty
+    /// where the backend keeps no order ([`Capabilities::order_per_key`](crate::kit::Capabilities)).
+    fn blocked(&self) -> impl Future<Output = Result<Vec<Blocked>>> + Send {
+        async { Ok(Vec::new()) }
+    }
+}
+
+/// An order key held up by an open failure record: [`DeadLetter::blocked`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Blocked {
+    /// The order key.
+    pub order_key: String,
+    /// The open record that holds it up; replay or discard it to go on.
+    pub record: FailureId,
+    /// The failed job's kind.
+    pub kind: String,
+    /// The failed job's key.
+    pub key: IdempotencyKey,
+    /// Jobs of the order key waiting behind it.
+    pub waiting: u64,
 }
 
 /// What [`Replay::replay`] did.

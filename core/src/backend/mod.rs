@@ -35,8 +35,8 @@ use std::time::Duration;
 
 pub use claim::{Claim, Claimed, Kinds, Lease, NoRenewal, Renew};
 pub use dead_letter::{
-    AttemptError, DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayExt, ReplayOutcome,
-    require_audit,
+    AttemptError, Blocked, DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayExt,
+    ReplayOutcome, require_audit,
 };
 pub use enqueue::{Enqueue, EnqueueExt, Enqueued};
 pub use flow::{
@@ -97,6 +97,12 @@ pub struct Capabilities {
     /// ([`JobRecord::not_before`](crate::JobRecord::not_before)) and is put back by the worker
     /// until then, at no attempt's cost. Held to by the suite's `max_delay`.
     pub max_delay: Option<Duration>,
+    /// Jobs of one [`order_key`](crate::Job::order_key) run one at a time in enqueue order, and
+    /// an open failure record of one blocks the rest until it is replayed or discarded
+    /// ([`DeadLetter::blocked`](crate::DeadLetter::blocked) lists them). Otherwise enqueue refuses
+    /// a job with an order key ([`NewJob::check_fits`](crate::NewJob::check_fits)). Held to by
+    /// the suite's `ordered_through_failure`.
+    pub order_per_key: bool,
 }
 
 impl Default for Capabilities {
@@ -112,6 +118,7 @@ impl Default for Capabilities {
             claim_by_kind: true,
             min_lease: Duration::from_millis(1),
             max_delay: Some(Duration::MAX),
+            order_per_key: true,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! It implements every contract with real lease expiry and fencing, in one process, with
 //! nothing persisted. Use it for tests, examples and single-process tools.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -208,8 +208,15 @@ impl State {
     fn claim(&mut self, kinds: &Kinds, max: usize, lease: Duration, now: Instant) -> (Vec<Claimed>, Option<Instant>) {
         let mut claimed = Vec::new();
         let mut next_ready: Option<Instant> = None;
+        // Order keys with an unfinished job seen so far: a later job of one waits (whatever its
+        // kind), however ready it is. A failed job keeps its order key while its record is open.
+        let mut ahead: HashSet<String> = HashSet::new();
         for (id, stored) in self.jobs.iter_mut() {
-            if !kinds.wants(&stored.job.kind) {
+            let waits = match &stored.job.order_key {
+                Some(order) if stored.status != Status::Done => !ahead.insert(order.clone()),
+                _ => false,
+            };
+            if waits || !kinds.wants(&stored.job.kind) {
                 continue;
             }
             let ready_at = match &stored.status {
@@ -305,7 +312,13 @@ impl Claim for MemoryBackend {
     }
 
     async fn complete(&self, lease: &Lease, _result: Option<&Value>) -> Result<()> {
-        Self::fenced(&mut self.lock(), lease)?.status = Status::Done;
+        let mut state = self.lock();
+        let job = Self::fenced(&mut state, lease)?;
+        job.status = Status::Done;
+        if job.job.order_key.is_some() {
+            // The next job of its order key may run now.
+            self.work.notify_waiters();
+        }
         Ok(())
     }
 

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::{MemoryBackend, Status, parse_id};
 use crate::backend::{
-    DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayOutcome, require_audit,
+    Blocked, DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayOutcome, require_audit,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -44,6 +44,13 @@ impl DeadLetter for MemoryBackend {
         if record.state.is_open() {
             record.state =
                 RecordState::Discarded { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
+            // Dropped work no longer holds its order key's later jobs back.
+            let job = parse_id(&record.job_id.0)?;
+            if let Some(job) = state.jobs.get_mut(&job).filter(|j| j.status == Status::Failed) {
+                job.job.order_key = None;
+            }
+            drop(state);
+            self.work.notify_waiters();
         }
         Ok(())
     }
@@ -68,6 +75,27 @@ impl DeadLetter for MemoryBackend {
             }
         }
         Ok(purged.len() as u64)
+    }
+
+    async fn blocked(&self) -> Result<Vec<Blocked>> {
+        let state = self.lock();
+        let mut blocked = Vec::new();
+        for (n, record) in state.records.iter().filter(|(_, r)| r.state.is_open()) {
+            let Ok(id) = parse_id(&record.job_id.0) else { continue };
+            let Some(order) =
+                state.jobs.get(&id).filter(|j| j.status == Status::Failed).and_then(|j| j.job.order_key.clone())
+            else {
+                continue;
+            };
+            let waiting = state
+                .jobs
+                .range(id + 1..)
+                .filter(|(_, j)| j.status != Status::Done && j.job.order_key.as_ref() == Some(&order))
+                .count() as u64;
+            let (kind, key) = (record.kind.clone(), record.key.clone());
+            blocked.push(Blocked { order_key: order, record: FailureId(n.to_string()), kind, key, waiting });
+        }
+        Ok(blocked)
     }
 }
 
