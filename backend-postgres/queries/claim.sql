@@ -7,6 +7,12 @@
 -- after them keeps a claim's cost flat however many jobs ran since. NULLs scan from the front.
 -- `ready_at` is each job's run_at before the claim cleared it.
 --
+-- A job with an order key waits while an earlier job of its key is unfinished: queued (a retry
+-- waiting its backoff too), running, or failed with its record open (a discard clears the failed
+-- job's order key). The check reads the snapshot, so two claims at once both see the earlier job
+-- as it was and neither takes the later one; it is a probe of `jobs_order`, and a job without an
+-- order key skips it.
+--
 -- $4 is the kinds the worker has handlers for (NULL: any); a job of another kind stays for a worker
 -- that has one. The kinds come through `ARRAY(SELECT …)` for the reason completions do: given the
 -- values, a planner whose statistics do not know a kind (a new one, a rare one) expects no row to
@@ -20,6 +26,10 @@ WITH picked AS MATERIALIZED (
     SELECT id, run_at FROM {schema}.jobs
     WHERE run_at <= now() AND (run_at, id) > (coalesce($2, '-infinity'::timestamptz), coalesce($3, 0::bigint))
       AND ($4::text[] IS NULL OR kind = ANY(ARRAY(SELECT unnest($4::text[]))))
+      AND (order_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {schema}.jobs earlier
+          WHERE earlier.order_key = jobs.order_key AND earlier.id < jobs.id AND earlier.status <> 'done'
+      ))
     ORDER BY run_at, id
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED

@@ -9,8 +9,9 @@ WITH key AS (
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING job_id, fingerprint
 ), job AS (
-    INSERT INTO {schema}.jobs (id, kind, idempotency_key, provider_key, payload, severity, cap, deadline, run_at)
-    SELECT job_id, $1, $2, $3, $4, $6, $7, $8, coalesce($9, now()) FROM key
+    INSERT INTO {schema}.jobs (id, kind, idempotency_key, provider_key, payload, severity, cap, deadline, run_at,
+                               order_key)
+    SELECT job_id, $1, $2, $3, $4, $6, $7, $8, coalesce($9, now()), $10 FROM key
 )
 SELECT job_id AS id, fingerprint, true AS created, $3::uuid AS provider_key, 'queued' AS status FROM key
 UNION ALL

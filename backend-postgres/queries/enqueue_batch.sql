@@ -4,9 +4,9 @@
 -- other instead of deadlocking.
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::jsonb[], $5::text[], $6::text[], $7::int[],
-                         $8::timestamptz[], $9::timestamptz[])
+                         $8::timestamptz[], $9::timestamptz[], $10::text[])
         WITH ORDINALITY AS i(kind, idempotency_key, provider_key, payload, fingerprint, severity, cap, deadline,
-                             not_before, n)
+                             not_before, order_key, n)
 ), first AS (
     SELECT DISTINCT ON (idempotency_key) * FROM input ORDER BY idempotency_key, n
 ), numbered AS MATERIALIZED (
@@ -17,9 +17,10 @@ WITH input AS (
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING job_id, idempotency_key
 )
-INSERT INTO {schema}.jobs (id, kind, idempotency_key, provider_key, payload, severity, cap, deadline, run_at)
+INSERT INTO {schema}.jobs (id, kind, idempotency_key, provider_key, payload, severity, cap, deadline, run_at,
+                          order_key)
 SELECT key.job_id, f.kind, f.idempotency_key, f.provider_key, f.payload, f.severity, f.cap, f.deadline,
-       coalesce(f.not_before, now())
+       coalesce(f.not_before, now()), f.order_key
 FROM key JOIN numbered f USING (idempotency_key)
 ORDER BY key.job_id
 RETURNING id, idempotency_key

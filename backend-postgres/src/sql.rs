@@ -55,6 +55,7 @@ queries!(
     list_failures,
     get_failure,
     count_open,
+    blocked,
     discard,
     purge,
     replay,
@@ -101,7 +102,7 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, s
 /// schemas in one database migrate independently.
 pub(crate) fn migrator(schema: &str) -> Migrator {
     let quoted = format!("\"{schema}\"");
-    let files: [(i64, &str, &str); 7] = [
+    let files: [(i64, &str, &str); 8] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "done index", include_str!("../migrations/0002_done_index.sql")),
         (3, "contract v2", include_str!("../migrations/0003_contract_v2.sql")),
@@ -109,6 +110,7 @@ pub(crate) fn migrator(schema: &str) -> Migrator {
         (5, "deadline", include_str!("../migrations/0005_deadline.sql")),
         (6, "replay audit", include_str!("../migrations/0006_replay_audit.sql")),
         (7, "flow", include_str!("../migrations/0007_flow.sql")),
+        (8, "order", include_str!("../migrations/0008_order.sql")),
     ];
     let migrations = files
         .into_iter()

@@ -5,7 +5,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redrive_core::kit::{AttemptError, require_audit};
 use redrive_core::{
-    DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey, RecordState, Replay,
+    Blocked, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey, RecordState, Replay,
     ReplayOutcome, Result,
 };
 use sqlx::Row;
@@ -120,6 +120,24 @@ impl DeadLetter for PgBackend {
             .map_err(|e| db(e, "purge"))?
             .get("purged");
         Ok(purged.max(0) as u64)
+    }
+
+    async fn blocked(&self) -> Result<Vec<Blocked>> {
+        let rows = q(&self.inner.sql.blocked)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "list blocked order keys"))?;
+        rows.iter()
+            .map(|row| {
+                Ok(Blocked {
+                    order_key: row.get("order_key"),
+                    record: FailureId(row.get::<i64, _>("id").to_string()),
+                    kind: row.get("kind"),
+                    key: key_from(row.get("idempotency_key"))?,
+                    waiting: row.get::<i64, _>("waiting").max(0) as u64,
+                })
+            })
+            .collect()
     }
 }
 

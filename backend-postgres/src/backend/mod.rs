@@ -122,6 +122,7 @@ impl PgBackend {
                 .bind(job.cap as i32)
                 .bind(job.deadline)
                 .bind(job.not_before)
+                .bind(job.order_key.as_deref())
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(|e| db(e, "enqueue"))?;
@@ -301,6 +302,7 @@ impl Enqueue for PgBackend {
             .bind(jobs.iter().map(|j| j.cap as i32).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.deadline).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.not_before).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.order_key.clone()).collect::<Vec<_>>())
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db(e, "batch enqueue"))?;
