@@ -4,6 +4,7 @@
 //! redrive --backend postgres://localhost/app failed list --kind charge_order
 //! redrive --backend sqs://orders failed show <ID>          # records in DATABASE_URL
 //! redrive --backend sqlite://app.db queue stats
+//! redrive failed blocked                                   # order keys held by a record
 //! redrive --backend azure://orders replay --kind ship --older-than 1h --rate 5 --by ada
 //! redrive replay <ID> --by ada --reason "fixed in 1.4.2"
 //! redrive replay --all --by ada --reason "the carrier is back"
@@ -15,7 +16,7 @@
 //! ```
 //!
 //! Exit codes: 0 done, 1 error, 2 nothing matched (no record with that id, an empty list, a bulk
-//! replay that found nothing, no kind paused or limited, no flow history).
+//! replay that found nothing, no order key blocked, no kind paused or limited, no flow history).
 
 mod backends;
 mod kind;
@@ -127,6 +128,9 @@ enum Failed {
     },
     /// How many records are open.
     Count,
+    /// The order keys an open record holds back (`Job::order_key`): the later jobs of each wait
+    /// until the record is replayed or discarded.
+    Blocked,
 }
 
 #[derive(Debug, Subcommand)]
@@ -276,6 +280,11 @@ async fn run(cli: &Cli) -> redrive::Result<Done> {
         Command::Failed { command: Failed::Count } => {
             out.count("open records", target.count_open().await?);
             Ok(Done::Done)
+        }
+        Command::Failed { command: Failed::Blocked } => {
+            let blocked = target.blocked().await?;
+            out.blocked(&blocked);
+            Ok(if blocked.is_empty() { Done::NothingMatched } else { Done::Done })
         }
         Command::Replay(args) => replay(&target, &out, args).await,
         Command::Discard { id, reason, by } => {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redrive::{Counts, FailureRecord, FlowEvent, KindFlow, Limits, Paused, Rate, RecordState, ReplayOutcome};
+use redrive::{Blocked, Counts, FailureRecord, FlowEvent, KindFlow, Limits, Paused, Rate, RecordState, ReplayOutcome};
 use serde_json::json;
 
 pub(crate) struct Output {
@@ -84,6 +84,25 @@ impl Output {
         } else {
             println!("no records match");
         }
+    }
+
+    pub(crate) fn blocked(&self, blocked: &[Blocked]) {
+        if self.json {
+            return print_json(&blocked);
+        }
+        if blocked.is_empty() {
+            return println!("no order key is blocked");
+        }
+        let rows: Vec<[String; 5]> = blocked
+            .iter()
+            .map(|b| {
+                [b.order_key.clone(), b.record.0.clone(), b.kind.clone(), b.key.to_string(), b.waiting.to_string()]
+            })
+            .collect();
+        table(["ORDER KEY", "RECORD", "KIND", "KEY", "WAITING"], &rows);
+        println!(
+            "\neach waits for its record: `redrive replay RECORD` runs the job in its place, `redrive discard` drops it"
+        );
     }
 
     pub(crate) fn record(&self, r: &FailureRecord) {

@@ -232,3 +232,31 @@ async fn a_replay_keeps_who_and_why() {
     let text = String::from_utf8_lossy(&redrive(&backend, "-", &["failed", "show", &id]).stdout).into_owned();
     assert!(text.contains("by grace: fixed in 1.4.2"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_blocked_lists_the_order_keys_a_record_holds_until_it_is_discarded() {
+    let db = database().await;
+    let (url, schema) = (database_url(), db.schema().to_owned());
+    assert_eq!(redrive(&url, &schema, &["failed", "blocked"]).status.code(), Some(2), "nothing blocked yet");
+    let ordered = |n| job("sync_account", n).with_order_key("account:7").unwrap();
+    fail(&db, vec![ordered(1)], "the CRM said no").await;
+    db.enqueue_batch(vec![ordered(2), ordered(3)]).await.unwrap();
+
+    let blocked = json(&redrive(&url, &schema, &["--json", "failed", "blocked"]));
+    assert_eq!(blocked.as_array().map(Vec::len), Some(1), "{blocked}");
+    assert_eq!(blocked[0]["order_key"], "account:7");
+    assert_eq!(blocked[0]["key"], "sync_account:n=1");
+    assert_eq!(blocked[0]["waiting"], 2, "{blocked}");
+    let record = blocked[0]["record"].as_str().unwrap().to_owned();
+    let text = String::from_utf8_lossy(&redrive(&url, &schema, &["failed", "blocked"]).stdout).into_owned();
+    assert!(text.contains("account:7") && text.contains("sync_account:n=1"), "{text}");
+    let held = db.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::from_millis(100)).await.unwrap();
+    assert!(held.is_empty(), "the later jobs of the key wait for the record: claimed {held:?}");
+
+    let discarded = redrive(&url, &schema, &["discard", &record, "--reason", "superseded by n=2", "--by", "ada"]);
+    assert_eq!(discarded.status.code(), Some(0), "{}", String::from_utf8_lossy(&discarded.stderr));
+    assert_eq!(redrive(&url, &schema, &["failed", "blocked"]).status.code(), Some(2), "the discard freed the key");
+    let next = db.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::from_millis(100)).await.unwrap();
+    let keys: Vec<String> = next.iter().map(|c| c.job.key.to_string()).collect();
+    assert_eq!(keys, ["sync_account:n=2"], "one at a time, in enqueue order");
+}

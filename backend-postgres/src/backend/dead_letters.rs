@@ -5,8 +5,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redrive_core::kit::{AttemptError, require_audit};
 use redrive_core::{
-    Blocked, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey, RecordState, Replay,
-    ReplayOutcome, Result,
+    Blocked, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey, RecordState,
+    Replay, ReplayOutcome, Result,
 };
 use sqlx::Row;
 use sqlx::postgres::PgRow;
