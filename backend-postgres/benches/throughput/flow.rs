@@ -3,11 +3,15 @@
 //! limit and a rate limit configured but not binding, and with a limit of one job at a time per
 //! key over 1,000 keys, the keys in turn (rarely binding) and in runs of 100 (binding: a claim's
 //! jobs share two or three keys); interleaved, three times each, then the first two with
-//! autovacuum on.
+//! autovacuum on. The order section likewise: no order key, order keys over 1,000 accounts in
+//! turn (a claim's check finds nothing earlier), and in runs of 100 (binding: one account's jobs
+//! one at a time, the claims skipping the rest of its run).
 
 use redrive_core::{Limits, Rate, WorkerConfig};
 
-use crate::{BURN_TIMEOUT, BoxResult, CONCURRENCY, Ctx, Figure, burn_down_limited, production, rate};
+use std::sync::atomic::Ordering;
+
+use crate::{BURN_TIMEOUT, BoxResult, CONCURRENCY, Ctx, Figure, ORDER_RUN, burn_down_limited, production, rate};
 
 /// Each cell: its limits, and how many consecutive jobs share a tenant (0: none).
 fn cells() -> [(&'static str, Limits, u64); 4] {
@@ -71,6 +75,59 @@ pub(crate) async fn section(ctx: &Ctx, lifecycle: f64) -> BoxResult<Vec<(String,
     for ((label, ..), median) in cells.iter().zip(&autovacuum) {
         println!("- autovacuum on, {label}, median: {} ({:.3}× no limit)", rate(*median), median / autovacuum[0]);
         rows.push((format!("flow, autovacuum on: {label}"), Figure::Rate(*median)));
+    }
+    Ok(rows)
+}
+
+/// Each order cell: how many consecutive jobs share an account (0: no order key).
+const ORDER_CELLS: [(&str, u64); 3] = [
+    ("no order key", 0),
+    ("order keys, 1,000 accounts in turn", 1),
+    ("order keys, 1,000 accounts of 100 jobs in a row (binding)", 100),
+];
+
+/// Runs the order cells `rounds` times interleaved; the medians.
+async fn order_medians(ctx: &Ctx, cells: &[(&'static str, u64)], rounds: usize) -> BoxResult<Vec<f64>> {
+    let mut runs: Vec<Vec<f64>> = vec![vec![]; cells.len()];
+    for round in 1..=rounds {
+        for (i, (label, order_run)) in cells.iter().enumerate() {
+            ORDER_RUN.store(*order_run, Ordering::Relaxed);
+            let burn = burn_down_limited(ctx, config(), FLOW_JOBS, BURN_TIMEOUT, Limits::default(), 0).await;
+            ORDER_RUN.store(0, Ordering::Relaxed);
+            let burn = burn?;
+            println!("- {label} (round {round}): {}", burn.describe());
+            runs[i].push(burn.rate());
+        }
+    }
+    Ok(runs
+        .into_iter()
+        .map(|mut r| {
+            r.sort_by(f64::total_cmp);
+            r[r.len() / 2]
+        })
+        .collect())
+}
+
+pub(crate) async fn order_section(ctx: &Ctx, lifecycle: f64) -> BoxResult<Vec<(String, Figure)>> {
+    println!();
+    println!("## Order per key: {FLOW_JOBS} jobs, concurrency {CONCURRENCY}, three interleaved rounds");
+    let analyzed = order_medians(ctx, &ORDER_CELLS, 3).await?;
+    println!();
+    println!("## Order per key with autovacuum on");
+    let autovacuum = production::with_autovacuum(ctx, order_medians(ctx, &ORDER_CELLS[..2], 3)).await?;
+    let mut rows = vec![];
+    for ((label, _), median) in ORDER_CELLS.iter().zip(&analyzed) {
+        println!(
+            "- {label}, median: {} ({:.2}× lifecycle.sql at the start, {:.3}× no order key)",
+            rate(*median),
+            median / lifecycle,
+            median / analyzed[0]
+        );
+        rows.push((format!("order: {label}"), Figure::Rate(*median)));
+    }
+    for ((label, _), median) in ORDER_CELLS.iter().zip(&autovacuum) {
+        println!("- autovacuum on, {label}, median: {} ({:.3}× no order key)", rate(*median), median / autovacuum[0]);
+        rows.push((format!("order, autovacuum on: {label}"), Figure::Rate(*median)));
     }
     Ok(rows)
 }

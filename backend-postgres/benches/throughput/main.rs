@@ -23,7 +23,7 @@
 //! included, starts after a CHECKPOINT, so that none pays for the dirty pages of the one before.
 //!
 //! `REDRIVE_BENCH_ONLY=processes,long` runs only those sections (`burn`, `backlog`,
-//! `autovacuum`, `processes`, `kill`, `latency`, `enqueue`, `long`) between the two baselines;
+//! `autovacuum`, `flow`, `order`, `processes`, `kill`, `latency`, `enqueue`, `long`) between the two baselines;
 //! `REDRIVE_BENCH_LONG_JOBS` and `REDRIVE_BENCH_SCALE_JOBS` change those sections' sizes. For
 //! tuning, `REDRIVE_BENCH_QUICK=1` runs lifecycle.sql and the default burn-down only;
 //! `REDRIVE_BENCH_JOBS`, `REDRIVE_BENCH_BATCH` and `REDRIVE_BENCH_CLAIMERS` then change it.
@@ -83,11 +83,18 @@ struct Noop {
     /// they were.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tenant: Option<u64>,
+    /// The order section's account (`Job::order_key`); absent elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    account: Option<u64>,
 }
 
 /// How `noop` names tenants: 0, none; else this many consecutive jobs per tenant, 1,000 tenants
 /// in turn (1: each job the next tenant). Set by the flow section around its backlogs.
 static TENANT_RUN: AtomicU64 = AtomicU64::new(0);
+
+/// How `noop` names accounts (order keys), as [`TENANT_RUN`] names tenants. Set by the order
+/// section around its backlogs.
+static ORDER_RUN: AtomicU64 = AtomicU64::new(0);
 
 impl Job for Noop {
     const KIND: &'static str = "bench_noop";
@@ -98,6 +105,10 @@ impl Job for Noop {
     fn limit_key(&self) -> Option<String> {
         self.tenant.map(|t| format!("tenant{t}"))
     }
+
+    fn order_key(&self) -> Option<String> {
+        self.account.map(|a| format!("account{a}"))
+    }
 }
 
 fn var_u64(name: &str) -> Option<u64> {
@@ -107,7 +118,9 @@ fn var_u64(name: &str) -> Option<u64> {
 fn noop(n: u64) -> BoxResult<NewJob> {
     let run = TENANT_RUN.load(Ordering::Relaxed);
     let tenant = (run > 0).then(|| (n / run) % 1000);
-    Ok(NewJob::from_job(&Noop { n, tenant })?)
+    let order = ORDER_RUN.load(Ordering::Relaxed);
+    let account = (order > 0).then(|| (n / order) % 1000);
+    Ok(NewJob::from_job(&Noop { n, tenant, account })?)
 }
 
 #[tokio::main]
@@ -217,6 +230,9 @@ async fn main() -> BoxResult<()> {
     }
     if wants("flow") {
         rows.extend(flow::section(&ctx, lifecycle_start).await?);
+    }
+    if wants("order") {
+        rows.extend(flow::order_section(&ctx, lifecycle_start).await?);
     }
     if wants("processes") {
         println!();
