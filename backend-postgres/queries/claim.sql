@@ -9,9 +9,12 @@
 --
 -- A job with an order key waits while an earlier job of its key is unfinished: queued (a retry
 -- waiting its backoff too), running, or failed with its record open (a discard clears the failed
--- job's order key). The check reads the snapshot, so two claims at once both see the earlier job
--- as it was and neither takes the later one; it is a probe of `jobs_order`, and a job without an
--- order key skips it.
+-- job's order key). Only the ids from `order_prev` (the key's highest when this job was enqueued)
+-- up are read: a job of the key below it finished before `order_prev` could run, or holds it back
+-- still (0 for the first of its key: jobs of the key enqueued at the same moment are in its range
+-- too). So the probe of `jobs_order` reads a few entries, not the key's history. It reads the
+-- snapshot, so two claims at once both see the earlier job as it was and neither takes the later
+-- one. A job without an order key has no `order_prev` and skips it.
 --
 -- $4 is the kinds the worker has handlers for (NULL: any); a job of another kind stays for a worker
 -- that has one. The kinds come through `ARRAY(SELECT …)` for the reason completions do: given the
@@ -26,9 +29,10 @@ WITH picked AS MATERIALIZED (
     SELECT id, run_at FROM {schema}.jobs
     WHERE run_at <= now() AND (run_at, id) > (coalesce($2, '-infinity'::timestamptz), coalesce($3, 0::bigint))
       AND ($4::text[] IS NULL OR kind = ANY(ARRAY(SELECT unnest($4::text[]))))
-      AND (order_key IS NULL OR NOT EXISTS (
+      AND (order_prev IS NULL OR NOT EXISTS (
           SELECT 1 FROM {schema}.jobs earlier
-          WHERE earlier.order_key = jobs.order_key AND earlier.id < jobs.id AND earlier.status <> 'done'
+          WHERE earlier.order_key = jobs.order_key AND earlier.id >= jobs.order_prev AND earlier.id < jobs.id
+            AND earlier.status <> 'done'
       ))
     ORDER BY run_at, id
     LIMIT {limit}

@@ -2,7 +2,8 @@
 -- its fingerprint so the caller can tell a duplicate from a key conflict, and its provider key
 -- (NULL if the job row is gone) so a producer learns the one the provider will see, and its status
 -- (a failed job's key answers `Failed`, not `Duplicate`). The key row and the job
--- row are written by this one statement: both exist or neither does.
+-- row are written by this one statement: both exist or neither does. A job with an order key
+-- keeps the key's highest id as `order_prev` (see claim.sql).
 WITH key AS (
     INSERT INTO {schema}.job_keys (idempotency_key, fingerprint)
     VALUES ($2, $5)
@@ -10,8 +11,11 @@ WITH key AS (
     RETURNING job_id, fingerprint
 ), job AS (
     INSERT INTO {schema}.jobs (id, kind, idempotency_key, provider_key, payload, severity, cap, deadline, run_at,
-                               order_key)
-    SELECT job_id, $1, $2, $3, $4, $6, $7, $8, coalesce($9, now()), $10 FROM key
+                               order_key, order_prev)
+    SELECT job_id, $1, $2, $3, $4, $6, $7, $8, coalesce($9, now()), $10,
+           CASE WHEN $10::text IS NOT NULL
+                THEN coalesce((SELECT max(id) FROM {schema}.jobs WHERE order_key = $10), 0) END
+    FROM key
 )
 SELECT job_id AS id, fingerprint, true AS created, $3::uuid AS provider_key, 'queued' AS status FROM key
 UNION ALL

@@ -280,9 +280,10 @@ async fn hot_path_plans_hold_whatever_the_statistics_say() {
         format!(
             "WITH k AS (INSERT INTO {s}.job_keys (idempotency_key, fingerprint) \
                  SELECT 'plan:n=' || n, 'f' FROM generate_series({from}, {to}) n RETURNING job_id, idempotency_key) \
-             INSERT INTO {s}.jobs (id, kind, idempotency_key, provider_key, payload, cap, order_key) \
+             INSERT INTO {s}.jobs (id, kind, idempotency_key, provider_key, payload, cap, order_key, order_prev) \
              SELECT job_id, 'plan', idempotency_key, gen_random_uuid(), '{{}}', 5, \
-                    CASE WHEN job_id % 4 = 0 THEN 'acct:' || job_id % 1000 END FROM k"
+                    CASE WHEN job_id % 4 = 0 THEN 'acct:' || job_id % 1000 END, \
+                    CASE WHEN job_id % 4 = 0 AND job_id > 1000 THEN job_id - 1000 END FROM k"
         )
     };
     let claim_all_but = |keep: i64| {
