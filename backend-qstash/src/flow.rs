@@ -176,7 +176,8 @@ mod tests {
     fn the_value_names_what_qstash_holds() {
         let both = Limits { concurrency: Some(2), rate: Some(Rate::per_minute(10)), ..Limits::default() };
         assert_eq!(value(&both).as_deref(), Some("parallelism=2, rate=10, period=60s"));
-        let per_key_only = Limits { key_concurrency: Some(1), key_rate: Some(Rate::per_second(1)), ..Limits::default() };
+        let per_key_only =
+            Limits { key_concurrency: Some(1), key_rate: Some(Rate::per_second(1)), ..Limits::default() };
         assert_eq!(value(&per_key_only), None, "per-key limits stay with the worker");
         let sub_second = Limits { concurrency: Some(4), rate: Some(rate(5, 250)), ..Limits::default() };
         assert_eq!(value(&sub_second).as_deref(), Some("parallelism=4"));

@@ -98,6 +98,7 @@ async fn a_limited_kinds_messages_carry_flow_control_under_a_key_of_their_destin
     let kinds = [
         ("charge", limits(Some(2), Some(Rate::per_minute(10)))),
         ("refund", limits(Some(4), Some(sub_second))),
+        ("payout", limits(None, Some(Rate { count: 3, per: Duration::from_millis(1500) }))),
         ("audit", Limits { key_concurrency: Some(1), ..Limits::default() }),
     ];
     let a = app(&emulator, &kinds, true).await;
@@ -108,7 +109,7 @@ async fn a_limited_kinds_messages_carry_flow_control_under_a_key_of_their_destin
         app.backend.enqueue_job(&Charge { order: 1 }).await.unwrap();
         let batch = [2, 3].map(|order| NewJob::from_job(&Charge { order }).unwrap()).to_vec();
         redrive_core::Enqueue::enqueue_batch(&app.backend, batch).await.unwrap();
-        for kind in ["refund", "audit", "grant"] {
+        for kind in ["refund", "payout", "audit", "grant"] {
             let key = redrive_core::IdempotencyKey::parse(format!("{kind}:1")).unwrap();
             let job = NewJob::new(kind, key, serde_json::json!({})).unwrap();
             redrive_core::Enqueue::enqueue(&app.backend, job).await.unwrap();
@@ -128,8 +129,14 @@ async fn a_limited_kinds_messages_carry_flow_control_under_a_key_of_their_destin
     }
     let refunds: Vec<_> = of(&seen_a, "refund");
     assert_eq!(refunds[0].1, Value::from(4), "the concurrency goes to QStash");
-    assert_eq!((refunds[0].2.clone(), refunds[0].3.clone()), (Value::Null, Value::Null), "5/250ms stays with the worker");
+    assert_eq!(
+        (refunds[0].2.clone(), refunds[0].3.clone()),
+        (Value::Null, Value::Null),
+        "5/250ms stays with the worker"
+    );
     assert_ne!(refunds[0].0, key_a, "one key per kind");
+    let payouts: Vec<_> = of(&seen_a, "payout");
+    assert_eq!((payouts[0].2.clone(), payouts[0].3.clone()), (3.into(), 2.into()), "3/1500ms: 3 per 2 s, never faster");
     for kind in ["audit", "grant"] {
         let rows: Vec<_> = of(&seen_a, kind);
         assert_eq!(rows[0].0, Value::Null, "{kind}: no limit QStash holds, no flow control");
@@ -141,7 +148,7 @@ async fn a_limited_kinds_messages_carry_flow_control_under_a_key_of_their_destin
     assert_ne!(charges_b[0].0, key_a, "two destinations on one account never share a key");
 
     let seen_unmapped = created(&emulator, &unmapped.destination).await;
-    assert_eq!(seen_unmapped.len(), 6);
+    assert_eq!(seen_unmapped.len(), 7);
     assert!(seen_unmapped.iter().all(|r| r.1.is_null()), "without with_flow the messages are as before");
 
     // A changed limit reaches the next messages once the few seconds' cache has passed.
@@ -153,21 +160,34 @@ async fn a_limited_kinds_messages_carry_flow_control_under_a_key_of_their_destin
     assert!(newest.contains(&(key_a.clone(), 1.into(), Value::Null, Value::Null)), "{newest:?}");
 }
 
-/// Runs 16 charges (kind limited to 2 at once, each taking 150 ms) through a worker on `app`:
-/// the worker's stats, the most handlers seen running at once, the publish requests made, and
-/// how many times each order ran.
-async fn run_charges(app: &App) -> (WorkerStats, u32, u64, HashMap<u32, u32>) {
+/// What a run of charges showed.
+struct Run {
+    stats: WorkerStats,
+    /// The most handlers running at once.
+    peak: u32,
+    /// Publish requests made, enqueues included.
+    publishes: u64,
+    /// How many times each order ran.
+    runs: HashMap<u32, u32>,
+    /// When each handler started, in order.
+    starts: Vec<Instant>,
+}
+
+/// Runs `jobs` charges, each taking `work`, through a worker on `app`.
+async fn run_charges(app: &App, jobs: u32, work: Duration) -> Run {
     let runs: Arc<Mutex<HashMap<u32, u32>>> = Arc::default();
+    let starts: Arc<Mutex<Vec<Instant>>> = Arc::default();
     let (running, peak) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
-    let (seen, now, most) = (runs.clone(), running.clone(), peak.clone());
+    let (seen, now, most, started) = (runs.clone(), running.clone(), peak.clone(), starts.clone());
     let worker = redrive_core::Worker::builder(app.backend.clone(), app.ledger.clone())
         .concurrency(8)
         .handle::<Charge>(move |job: Charge, _ctx: JobContext| {
-            let (seen, now, most) = (seen.clone(), now.clone(), most.clone());
+            let (seen, now, most, started) = (seen.clone(), now.clone(), most.clone(), started.clone());
             async move {
+                started.lock().unwrap().push(Instant::now());
                 let at_once = now.fetch_add(1, Ordering::SeqCst) + 1;
                 most.fetch_max(at_once, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(150)).await;
+                tokio::time::sleep(work).await;
                 now.fetch_sub(1, Ordering::SeqCst);
                 *seen.lock().unwrap().entry(job.order).or_default() += 1;
                 Ok::<(), JobError>(())
@@ -176,11 +196,11 @@ async fn run_charges(app: &App) -> (WorkerStats, u32, u64, HashMap<u32, u32>) {
         .build()
         .start();
     let before = app.backend.publish_requests();
-    for order in 0..16 {
+    for order in 0..jobs {
         app.backend.enqueue_job(&Charge { order }).await.unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while runs.lock().unwrap().len() < 16 && Instant::now() < deadline {
+    while runs.lock().unwrap().len() < jobs as usize && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Late duplicates, if any, would show here.
@@ -188,7 +208,13 @@ async fn run_charges(app: &App) -> (WorkerStats, u32, u64, HashMap<u32, u32>) {
     let stats = worker.stats();
     worker.shutdown().await;
     let runs = runs.lock().unwrap().clone();
-    (stats, peak.load(Ordering::SeqCst), app.backend.publish_requests() - before, runs)
+    let starts = starts.lock().unwrap().clone();
+    Run { stats, peak: peak.load(Ordering::SeqCst), publishes: app.backend.publish_requests() - before, runs, starts }
+}
+
+fn assert_each_ran_once(run: &Run, jobs: u32) {
+    assert_eq!(run.runs.len(), jobs as usize, "every job ran");
+    assert!(run.runs.values().all(|n| *n == 1), "each once: {:?}", run.runs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,23 +224,50 @@ async fn with_the_limit_at_qstash_a_worker_runs_every_job_once_with_far_fewer_de
     let unmapped = app(&emulator, &kinds, false).await;
     let mapped = app(&emulator, &kinds, true).await;
 
-    let (without, peak_without, publishes_without, runs_without) = run_charges(&unmapped).await;
-    let (with, peak_with, publishes_with, runs_with) = run_charges(&mapped).await;
+    let without = run_charges(&unmapped, 16, Duration::from_millis(150)).await;
+    let with = run_charges(&mapped, 16, Duration::from_millis(150)).await;
     eprintln!(
-        "without the mapping: {} deferred, {publishes_without} publishes; with it: {} deferred, {publishes_with} publishes",
-        without.deferred, with.deferred
+        "2 at once, 16 jobs of 150 ms: without the mapping {} deferred, {} publishes; with it {} deferred, {} publishes",
+        without.stats.deferred, without.publishes, with.stats.deferred, with.publishes
     );
-    for (runs, peak) in [(&runs_without, peak_without), (&runs_with, peak_with)] {
-        assert_eq!(runs.len(), 16, "every job ran");
-        assert!(runs.values().all(|n| *n == 1), "each once: {runs:?}");
-        assert!(peak <= 2, "the limit held: {peak} at once");
+    for run in [&without, &with] {
+        assert_each_ran_once(run, 16);
+        assert!(run.peak <= 2, "the limit held: {} at once", run.peak);
     }
-    assert!(without.deferred >= 8, "without the mapping the worker defers what QStash sends at once");
+    assert!(without.stats.deferred >= 8, "without the mapping the worker defers what QStash sends at once");
     assert!(
-        with.deferred * 4 <= without.deferred,
+        with.stats.deferred * 4 <= without.stats.deferred && with.stats.deferred <= 2,
         "QStash holds back what the worker would defer: {} against {}",
-        with.deferred,
-        without.deferred
+        with.stats.deferred,
+        without.stats.deferred
     );
-    assert!(publishes_with < publishes_without, "fewer messages published again");
+    assert!(with.publishes <= 16 + 2, "the enqueues, and next to no copies: {}", with.publishes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_in_whole_seconds_is_kept_by_qstash_before_the_worker_sees_it() {
+    let emulator = common::emulator().start_local().await.unwrap();
+    let kinds = [("charge", limits(None, Some(Rate::per_second(4))))];
+    let unmapped = app(&emulator, &kinds, false).await;
+    let mapped = app(&emulator, &kinds, true).await;
+
+    let without = run_charges(&unmapped, 12, Duration::from_millis(10)).await;
+    let with = run_charges(&mapped, 12, Duration::from_millis(10)).await;
+    eprintln!(
+        "4 a second, 12 jobs: without the mapping {} deferred, {} publishes; with it {} deferred, {} publishes",
+        without.stats.deferred, without.publishes, with.stats.deferred, with.publishes
+    );
+    for run in [&without, &with] {
+        assert_each_ran_once(run, 12);
+        // The worker's rate (a burst of 4, then one every 250 ms) holds either way.
+        let span = *run.starts.last().unwrap() - run.starts[0];
+        assert!(span >= Duration::from_millis(1700), "12 at 4 a second took {span:?}");
+    }
+    assert!(without.stats.deferred >= 8, "without the mapping the worker defers the 8 past the burst");
+    assert!(
+        with.stats.deferred * 2 <= without.stats.deferred,
+        "QStash's windows hold back most of what the worker would defer: {} against {}",
+        with.stats.deferred,
+        without.stats.deferred
+    );
 }
