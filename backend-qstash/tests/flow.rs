@@ -271,3 +271,26 @@ async fn a_rate_in_whole_seconds_is_kept_by_qstash_before_the_worker_sees_it() {
         without.stats.deferred
     );
 }
+
+/// A conformance subject whose backend says the kinds' limits to QStash.
+async fn mapped_subject(emulator: &RunningEmulator) -> redrive_conformance::Subject<QStashBackend, PgBackend> {
+    let app = app(emulator, &[], true).await;
+    let timing = redrive_conformance::Timing {
+        lease: Duration::from_secs(1),
+        settle: Duration::from_secs(2),
+        timeout: Duration::from_secs(60),
+    };
+    redrive_conformance::Subject::new(app.backend, app.ledger, timing)
+}
+
+/// The flow-control scenarios of the conformance suite, on a backend that maps the limits:
+/// QStash holding deliveries back never breaks a promise the worker makes (a kind's concurrency
+/// and rate, a key's concurrency, a paused kind), and no job waits into a spent attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flow_scenarios_hold_with_the_limits_at_qstash() {
+    let emulator = common::emulator().start_local().await.unwrap();
+    redrive_conformance::check(redrive_conformance::kind_concurrency(mapped_subject(&emulator).await).await);
+    redrive_conformance::check(redrive_conformance::rate_limited(mapped_subject(&emulator).await).await);
+    redrive_conformance::check(redrive_conformance::key_concurrency(mapped_subject(&emulator).await).await);
+    redrive_conformance::check(redrive_conformance::paused_kind(mapped_subject(&emulator).await).await);
+}
