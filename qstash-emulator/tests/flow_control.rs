@@ -190,3 +190,23 @@ async fn flow_control_headers_qstash_cannot_read_are_refused() {
     assert_eq!(emu.messages_accepted(), 3, "nothing refused was kept");
     emu.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_message_keeps_its_own_limits_so_the_highest_passes_while_they_mix() {
+    let emu = emulator().await;
+    let dest = SlowDestination::start(Duration::from_millis(600)).await;
+    let key = ("Upstash-Flow-Control-Key", "mixed");
+    for value in ["parallelism=1", "parallelism=1", "parallelism=3", "parallelism=3"] {
+        let (status, _) = publish(&emu, &dest.url("/mixed"), &[key, ("Upstash-Flow-Control-Value", value)]).await;
+        assert_eq!(status, 201);
+    }
+    dest.wait_done("/mixed", 4, Duration::from_secs(10)).await;
+    let (peak, starts) = dest.seen("/mixed");
+    assert_eq!(peak, 3, "the newer messages' parallelism of 3 passed while an older one of 1 waited");
+    let mut starts = starts;
+    starts.sort();
+    assert!(starts[3] - starts[0] >= Duration::from_millis(550), "the second old message waited for its 1");
+    let (_, state) = get(&emu, "/v2/flowControl/mixed").await;
+    assert_eq!(state["parallelismMax"], json!(3), "the key shows its latest message's limits");
+    emu.shutdown().await;
+}
