@@ -36,6 +36,8 @@ use tracing::warn;
 
 /// How long the kinds' limits read from the store are used before they are read again.
 const FRESH: Duration = Duration::from_secs(5);
+/// How long an enqueue waits for the store's answer before it publishes without it.
+const READ_WITHIN: Duration = Duration::from_secs(2);
 /// QStash's longest rate period: a week (PyPI `qstash`'s `FlowControl.period`).
 const MAX_PERIOD: u64 = 7 * 24 * 3600;
 
@@ -82,16 +84,22 @@ impl FlowHeaders {
         let limits = {
             let mut known = self.known.lock().await;
             if known.as_ref().is_none_or(|(at, _)| at.elapsed() >= FRESH) {
-                let read = match source.0.kinds().await {
-                    Ok(kinds) => kinds.into_iter().map(|k| (k.kind, k.limits)).collect(),
-                    Err(e) => {
-                        // The worker still keeps the limits: the messages go out unshaped (or
-                        // with what was read last) until the store answers.
-                        warn!(error = %e, "the kinds' limits could not be read for QStash's flow control");
-                        known.take().map(|(_, limits)| limits).unwrap_or_default()
+                let failed = match tokio::time::timeout(READ_WITHIN, source.0.kinds()).await {
+                    Ok(Ok(kinds)) => {
+                        *known = Some((Instant::now(), kinds.into_iter().map(|k| (k.kind, k.limits)).collect()));
+                        None
                     }
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(_) => Some(format!("no answer within {READ_WITHIN:?}")),
                 };
-                *known = Some((Instant::now(), read));
+                if let Some(error) = failed {
+                    // The worker still keeps the limits: the messages go out with what was read
+                    // last (or unshaped) until the store answers, and enqueues wait for it at
+                    // most once every few seconds, briefly.
+                    warn!(error = %error, "the kinds' limits could not be read for QStash's flow control");
+                    let last = known.take().map(|(_, limits)| limits).unwrap_or_default();
+                    *known = Some((Instant::now(), last));
+                }
             }
             known.as_ref().and_then(|(_, limits)| limits.get(kind).copied())
         };

@@ -294,3 +294,28 @@ async fn the_flow_scenarios_hold_with_the_limits_at_qstash() {
     redrive_conformance::check(redrive_conformance::key_concurrency(mapped_subject(&emulator).await).await);
     redrive_conformance::check(redrive_conformance::paused_kind(mapped_subject(&emulator).await).await);
 }
+
+/// A flow store that does not answer (here: a schema never migrated, so every read fails) costs
+/// an enqueue nothing but the headers: the job is published as it was before, and the worker,
+/// reading its own ledger, keeps the limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flow_store_that_fails_leaves_the_messages_as_they_were() {
+    let emulator = common::emulator().start_local().await.unwrap();
+    let broken = redrive_postgres::PgConfig::new(common::database_url())
+        .with_schema(format!("rdt_never_migrated_{}", std::process::id()))
+        .with_max_connections(1);
+    let broken = PgBackend::connect(broken).await.unwrap();
+    assert!(Flow::kinds(&broken).await.is_err(), "the store cannot be read");
+    let records = common::ledger().await;
+    let destination = "http://127.0.0.1:9/qstash";
+    let config =
+        QStashConfig::new(common::TOKEN, destination).with_api_url(emulator.url()).allow_plain_http().with_flow(broken);
+    let backend = QStashBackend::connect(config, Arc::new(records)).await.unwrap();
+    let began = Instant::now();
+    backend.enqueue_job(&Charge { order: 1 }).await.unwrap();
+    backend.enqueue_job(&Charge { order: 2 }).await.unwrap();
+    assert!(began.elapsed() < Duration::from_secs(3), "an enqueue does not hang on the store");
+    let rows = created(&emulator, destination).await;
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|r| r.1.is_null()), "published without flow control");
+}
