@@ -294,6 +294,8 @@ impl AnyOptions {
                     config = config.allow_plain_http();
                 }
                 let records = self.records(scheme).await?;
+                // The kinds' limits, kept in the same database, go to QStash as its flow control.
+                let config = config.with_flow(records.clone());
                 let queue =
                     redrive_qstash::QStashBackend::connect(config, std::sync::Arc::new(records.clone())).await?;
                 Ok(AnyBackend::QStash(queue, records))

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redrive_core::{Error, ErrorKind, Result};
+use redrive_core::{Error, ErrorKind, Flow, Result};
+
+use crate::flow::FlowSource;
 
 /// Where the receiver reads the time for a signature's `exp` and `nbf` (tests move it).
 pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
@@ -42,6 +44,7 @@ pub struct QStashConfig {
     pub(crate) max_retries: u32,
     pub(crate) plain_http: bool,
     pub(crate) clock: Clock,
+    pub(crate) flow: Option<FlowSource>,
 }
 
 impl fmt::Debug for QStashConfig {
@@ -55,6 +58,7 @@ impl fmt::Debug for QStashConfig {
             .field("leeway", &self.leeway)
             .field("max_message", &self.max_message)
             .field("max_retries", &self.max_retries)
+            .field("flow", &self.flow.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -82,6 +86,7 @@ impl QStashConfig {
             max_retries: 5,
             plain_http: false,
             clock: Arc::new(Utc::now),
+            flow: None,
         }
     }
 
@@ -160,6 +165,19 @@ impl QStashConfig {
     /// production, where QStash would deliver jobs and signatures in clear text.
     pub fn allow_plain_http(mut self) -> Self {
         self.plain_http = true;
+        self
+    }
+
+    /// Says each kind's limits to QStash as its own flow control, read from `flow`: the store the
+    /// workers keep them in (your ledger's database, e.g. `redrive_postgres::PgBackend`). Every
+    /// message of a kind with a `concurrency` or a `rate` then carries `Upstash-Flow-Control-Key`
+    /// (one per destination and kind: QStash's keys are the account's) and
+    /// `Upstash-Flow-Control-Value`, and QStash holds back the deliveries the workers would
+    /// otherwise defer, each deferral a message published again. The limits are read at most every
+    /// 5 seconds; the workers keep every limit still, the per-key ones and any QStash cannot say
+    /// (a period under a second) included.
+    pub fn with_flow(mut self, flow: impl Flow + 'static) -> Self {
+        self.flow = Some(FlowSource(Arc::new(flow)));
         self
     }
 

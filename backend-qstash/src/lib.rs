@@ -17,6 +17,7 @@
 //! | dead letter | 489 with `Upstash-NonRetryable-Error: true`: QStash moves the message to its DLQ, which is the record |
 //! | failure records | this destination's DLQ entries (the list's `url` filter, each entry's `url` checked: the DLQ is the account's, shared by every app on the token) listed into a [`RecordStore`](redrive_core::kit::RecordStore) (your database), where reads are complete and paged, and discards keep reason and actor; the DLQ entry stays while the record is open |
 //! | replay | take the record in the store, `POST /v2/dlq/retry/{dlqId}` on an entry checked to be this destination's, close the record; where QStash answers the retry as deduplicated (sent nothing) or the entry is gone, a publish from the record under a deduplication id of its own |
+//! | flow control | with [`QStashConfig::with_flow`], a kind's `concurrency` and `rate` (read from the workers' flow store, at most every 5 s) go on each of its messages (enqueue, batch, the copies a retry or deferral publishes, a replay) as QStash's own flow control: `Upstash-Flow-Control-Key` = a hash of the destination and the kind (QStash's keys are the account's), `Upstash-Flow-Control-Value` = `parallelism=…, rate=…, period=…s`; QStash then holds back what the worker would defer and publish again. A rate QStash cannot count exactly is sent never looser (a fractional period rounded up, one over 7 days scaled down) or, under a second, left to the worker; per-key limits stay with the worker, which keeps every limit regardless |
 //! | unhandled kinds | a kind no claim of this process asked for is handed back unclaimed [`with_unclaimed_rounds`](QStashConfig::with_unclaimed_rounds) times, then dead-lettered as a record |
 //! | effect ledger | not here: pass your database's (e.g. `redrive-postgres`) to the worker |
 //!
@@ -57,6 +58,7 @@ mod backend;
 mod config;
 mod dead;
 mod error;
+mod flow;
 mod receiver;
 mod signature;
 

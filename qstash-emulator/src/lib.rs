@@ -5,8 +5,8 @@
 //! `POST /v2/batch`, delivers them to their destination with a signed `Upstash-Signature` JWT,
 //! retries failures with QStash's backoff (scaled by [`EmulatorBuilder::time_scale`]), honours
 //! `Retry-After`, dead-letters after the last retry or at once on `489` +
-//! `Upstash-NonRetryable-Error: true`, and serves the DLQ, signing keys, logs, messages and
-//! queues APIs. The official clients (`@upstash/qstash`, PyPI `qstash`) work against it.
+//! `Upstash-NonRetryable-Error: true`, holds each flow-control key to its parallelism and rate,
+//! and serves the DLQ, signing keys, logs, messages, queues and flow-control APIs. The official clients (`@upstash/qstash`, PyPI `qstash`) work against it.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), redrive_qstash_emulator::Error> {

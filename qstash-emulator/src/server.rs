@@ -50,6 +50,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v2/queues/{name}", get(queue_get).delete(queue_delete))
         .route("/v2/queues/{name}/pause", post(queue_pause))
         .route("/v2/queues/{name}/resume", post(queue_resume))
+        .route("/v2/flowControl/{key}", get(flow_control_get))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not found") })
         .layer(middleware::from_fn_with_state(shared.clone(), auth))
         .with_state(shared)
@@ -580,4 +581,13 @@ async fn queue_pause(State(shared): S, Path(name): Path<String>) -> Response {
 
 async fn queue_resume(State(shared): S, Path(name): Path<String>) -> Response {
     set_paused(&shared, &name, false)
+}
+
+// ------------------------------------------------------------------------- flow control
+
+async fn flow_control_get(State(shared): S, Path(key): Path<String>) -> Response {
+    match shared.lock().flows.get(&key) {
+        Some(state) => ok_json(StatusCode::OK, state.to_json(&key)),
+        None => error(StatusCode::NOT_FOUND, format!("flow control key {key} not found")),
+    }
 }

@@ -92,13 +92,20 @@ async fn the_official_typescript_client_works_against_the_emulator() {
     let mut cmd = Command::new(node);
     cmd.arg(script("node_client.cjs")).env("NODE_PATH", &dir);
     let out = run(cmd, &emu).await;
-    for line in
-        ["ok publishJSON+receiver", "ok batchJSON 2", "ok dlq.listMessages", "ok dlq.retry", "ok dlq.delete", "ok logs"]
-    {
+    for line in [
+        "ok publishJSON+receiver",
+        "ok batchJSON 2",
+        "ok dlq.listMessages",
+        "ok dlq.retry",
+        "ok dlq.delete",
+        "ok logs",
+        "ok flowControl parallelism peak=2",
+        "ok flowControl rate",
+    ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
     assert!(out.contains("NODE ALL OK"), "{out}");
-    assert_eq!(emu.publish_requests(), 5, "4 publishJSON + 1 batchJSON");
+    assert_eq!(emu.publish_requests(), 15, "4 publishJSON + 1 batchJSON + 10 flow-controlled publishJSON");
     assert!(emu.deliveries().iter().any(|d| d.delivered()));
     emu.shutdown().await;
 }
@@ -123,6 +130,8 @@ async fn the_official_python_client_works_against_the_emulator() {
         "ok dlq.delete+delete_many",
         "ok log.list",
         "ok signing_key.rotate",
+        "ok flow_control parallelism peak=2",
+        "ok flow_control rate",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }

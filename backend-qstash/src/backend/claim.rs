@@ -24,6 +24,8 @@ impl QStashBackend {
         let mut headers = self.common_headers(d.job.cap.saturating_sub(1).saturating_sub(spent));
         let dedupe = dedupe_of(&[&d.message_id, &d.retried.to_string()]);
         headers.push(("Upstash-Deduplication-Id".into(), dedupe));
+        // The copy waits its turn under the kind's flow control, as the first message did.
+        headers.extend(self.inner.flow.of(&d.job.kind).await);
         let delay = delay.min(MAX_DELAY);
         if delay >= Duration::from_millis(500) {
             headers.push(("Upstash-Delay".into(), format!("{}s", seconds(delay))));

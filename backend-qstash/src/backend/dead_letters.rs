@@ -37,7 +37,7 @@ impl QStashBackend {
     /// one message however often it is tried.
     async fn republish(&self, job: &NewJob, record: &FailureId) -> Result<JobId> {
         let dedupe = dedupe_of(&[&self.dedupe_id(job), &record.0]);
-        let message = self.first_message(job, &dedupe);
+        let message = self.first_message(job, &dedupe).await;
         let published =
             self.inner.api.publish(&self.inner.config.destination, self.inner.config.queue.as_deref(), message).await?;
         Ok(JobId(published.message_id))
@@ -113,7 +113,7 @@ impl Broker for QStashBackend {
         let seal = self.inner.seal.sign(&carried, dead::text(&entry.body, &entry.body_base64).as_bytes());
         let [job_id, spent, errors, unclaimed] = carried;
         let forward = |name: &str| format!("Upstash-Forward-{name}");
-        let fresh = vec![
+        let mut fresh = vec![
             ("Upstash-Retries".to_owned(), job.cap.saturating_sub(1).to_string()),
             (forward(JOB_ID), job_id),
             (forward(SPENT), spent),
@@ -122,6 +122,8 @@ impl Broker for QStashBackend {
             (forward(SEAL), seal),
             (forward(COPIED_AT), Utc::now().timestamp_millis().to_string()),
         ];
+        // The kind's flow control as it is now, not as it was when the job failed.
+        fresh.extend(self.inner.flow.of(&job.kind).await);
         match self.inner.api.dlq_retry(&record.0, fresh).await {
             Ok(sent) if !sent.deduplicated => Ok(JobId(sent.message_id)),
             Ok(_) => {

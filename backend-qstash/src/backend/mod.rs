@@ -24,6 +24,7 @@ use crate::api::DlqEntry;
 use crate::api::{Api, BATCH, Outgoing};
 use crate::config::QStashConfig;
 use crate::dead::{self, COPIED_AT, Carried, ERRORS, FAILED_AT, JOB_ID, SEAL, SPENT, Seal, UNCLAIMED};
+use crate::flow::FlowHeaders;
 use crate::signature::Verifier;
 
 mod claim;
@@ -76,6 +77,8 @@ pub(crate) struct Inner {
     refused: Mutex<HashMap<String, (u32, Instant)>>,
     /// The kinds this process's claims have asked for (`None` in the set's place: any kind).
     wanted: Mutex<Option<HashSet<String>>>,
+    /// The kinds' limits as QStash's flow control, on every message published.
+    pub(crate) flow: FlowHeaders,
 }
 
 /// Where a drain's listing of the DLQ stands.
@@ -175,6 +178,7 @@ impl QStashBackend {
                 parked: AtomicUsize::new(0),
                 refused: Mutex::new(HashMap::new()),
                 wanted: Mutex::new(Some(HashSet::new())),
+                flow: FlowHeaders::new(config.flow.clone(), &config.destination),
                 config,
             }),
         })
@@ -251,10 +255,11 @@ impl QStashBackend {
     }
 
     /// A job's first message: dedupe on the key and the payload's fingerprint, the cap as
-    /// retries, its time if scheduled.
-    fn first_message(&self, job: &NewJob, dedupe: &str) -> Outgoing {
+    /// retries, its time if scheduled, its kind's flow control.
+    async fn first_message(&self, job: &NewJob, dedupe: &str) -> Outgoing {
         let mut headers = self.common_headers(job.cap.saturating_sub(1));
         headers.push(("Upstash-Deduplication-Id".into(), dedupe.to_owned()));
+        headers.extend(self.inner.flow.of(&job.kind).await);
         if let Some(at) = job.not_before.filter(|at| *at > Utc::now()) {
             // Whole seconds, rounded up: never delivered before the time asked.
             let secs = at.timestamp() + i64::from(at.timestamp_subsec_nanos() > 0);
@@ -287,7 +292,7 @@ impl Backend for QStashBackend {
 impl Enqueue for QStashBackend {
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
         Broker::check_job(self, &job)?;
-        let message = self.first_message(&job, &self.dedupe_id(&job));
+        let message = self.first_message(&job, &self.dedupe_id(&job)).await;
         let published =
             self.inner.api.publish(&self.inner.config.destination, self.inner.config.queue.as_deref(), message).await?;
         let id = JobId(published.message_id);
@@ -300,7 +305,10 @@ impl Enqueue for QStashBackend {
         }
         let mut answers = Vec::with_capacity(jobs.len());
         for chunk in jobs.chunks(BATCH) {
-            let messages = chunk.iter().map(|j| self.first_message(j, &self.dedupe_id(j))).collect();
+            let mut messages = Vec::with_capacity(chunk.len());
+            for job in chunk {
+                messages.push(self.first_message(job, &self.dedupe_id(job)).await);
+            }
             let published = match self
                 .inner
                 .api

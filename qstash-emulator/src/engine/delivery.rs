@@ -2,14 +2,14 @@
 //! `Retry-After`, queues' ordered starts, and the move to the DLQ after the last retry.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use serde_json::json;
 use tokio::sync::Notify;
 
-use super::model::canonical;
-use super::{DlqEntry, Message, Shared};
+use super::model::{FlowSpec, canonical};
+use super::{DlqEntry, FlowState, Message, Shared};
 use crate::Delivery;
 use crate::util::{self, Expr};
 
@@ -113,6 +113,14 @@ pub(crate) async fn run_message(shared: Arc<Shared>, id: String) {
         return;
     }
     loop {
+        // Held for the attempt: the key's in-flight count drops when it ends, however it ends.
+        let _slot = match &first.flow {
+            Some(flow) => match take_flow_slot(&shared, &first.cancel, flow).await {
+                Some(slot) => Some(slot),
+                None => return,
+            },
+            None => None,
+        };
         let (msg, key) = {
             let mut inner = shared.lock();
             let Some(msg) = inner.messages.get(&id).cloned() else { return };
@@ -180,6 +188,83 @@ pub(crate) async fn run_message(shared: Arc<Shared>, id: String) {
         }
         if !pause(&shared, &msg.cancel, delay).await {
             return;
+        }
+    }
+}
+
+/// A delivery's hold on its flow-control key: one of the key's in-flight deliveries until dropped.
+struct FlowSlot {
+    shared: Arc<Shared>,
+    key: String,
+}
+
+impl Drop for FlowSlot {
+    fn drop(&mut self) {
+        let mut inner = self.shared.lock();
+        if let Some(state) = inner.flows.get_mut(&self.key) {
+            state.in_flight = state.in_flight.saturating_sub(1);
+            state.released.notify_waiters();
+        }
+    }
+}
+
+/// Waits until `flow`'s limits let one more delivery of its key start, and takes its place: at
+/// most `parallelism` of the key in flight, at most `rate` of the key started in the current
+/// fixed window of `period` (a window opens with the first start after the last one closed).
+/// Waiting costs no retry. `None` when the message is cancelled or the emulator stops meanwhile.
+async fn take_flow_slot(shared: &Arc<Shared>, cancel: &Notify, flow: &FlowSpec) -> Option<FlowSlot> {
+    let mut shutdown = shared.shutdown.clone();
+    let mut counted = false;
+    let waited = |shared: &Shared, counted: bool| {
+        if counted && let Some(state) = shared.lock().flows.get_mut(&flow.key) {
+            state.waiting = state.waiting.saturating_sub(1);
+        }
+    };
+    loop {
+        let released = shared.lock().flows.entry(flow.key.clone()).or_insert_with(FlowState::new).released.clone();
+        let notified = released.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let wait = {
+            let mut inner = shared.lock();
+            let state = inner.flows.entry(flow.key.clone()).or_insert_with(FlowState::new);
+            let now = Instant::now();
+            let window = match state.window {
+                Some((start, per, n)) if now < start + per => (start, per, n),
+                _ => (now, flow.period, 0),
+            };
+            let busy = flow.parallelism.is_some_and(|p| state.in_flight >= p);
+            let spent = flow.rate.is_some_and(|r| window.2 >= r);
+            if !busy && !spent {
+                state.in_flight += 1;
+                if window.2 == 0 {
+                    state.window_start_unix = util::now_secs();
+                }
+                state.window = Some((window.0, window.1, window.2 + 1));
+                if counted {
+                    state.waiting = state.waiting.saturating_sub(1);
+                }
+                return Some(FlowSlot { shared: shared.clone(), key: flow.key.clone() });
+            }
+            if !counted {
+                state.waiting += 1;
+                counted = true;
+            }
+            // Held by the rate: until the window closes (or a release, for a parallelism wait).
+            spent.then(|| (window.0 + window.1).saturating_duration_since(now))
+        };
+        let sleep = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600)));
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = sleep => {}
+            _ = cancel.notified() => {
+                waited(shared, counted);
+                return None;
+            }
+            _ = shutdown.wait_for(|s| *s) => {
+                waited(shared, counted);
+                return None;
+            }
         }
     }
 }

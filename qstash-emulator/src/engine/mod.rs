@@ -17,7 +17,7 @@ mod model;
 
 use self::delivery::{queue_worker, run_message};
 use self::model::new_queue;
-pub(crate) use self::model::{DlqEntry, Event, Message, Queue, Spec};
+pub(crate) use self::model::{DlqEntry, Event, FlowState, Message, Queue, Spec};
 
 /// How many log events are kept, as QStash does.
 pub(crate) const MAX_EVENTS: usize = 10_000;
@@ -48,6 +48,8 @@ pub(crate) struct Inner {
     pub(crate) deliveries: Vec<Delivery>,
     pub(crate) accepted: u64,
     pub(crate) rate_window: Option<(Instant, u32)>,
+    /// Flow-control keys by name, kept once seen (as QStash lists them).
+    pub(crate) flows: HashMap<String, FlowState>,
 }
 
 /// Everything the handlers and the delivery tasks share.
@@ -111,6 +113,9 @@ impl Shared {
         }
         if let Some(expr) = &msg.retry_delay {
             m.insert("retryDelayExpr".into(), json!(expr));
+        }
+        if let Some(flow) = &msg.flow {
+            flow.add_json(m);
         }
         if let Value::Object(extra) = extra {
             m.extend(extra);
@@ -222,8 +227,12 @@ impl Shared {
             not_before,
             dedupe_id: spec.dedupe_id.clone(),
             content_dedupe: spec.content_dedupe,
+            flow: spec.flow.clone(),
             cancel: Arc::new(Notify::new()),
         };
+        if let Some(flow) = &spec.flow {
+            inner.flows.entry(flow.key.clone()).or_insert_with(FlowState::new).latest = Some(flow.clone());
+        }
         if let Some(key) = dedupe_key {
             inner.dedupe.insert(key, (msg.id.clone(), now + self.config.dedupe_window));
         }
@@ -321,6 +330,7 @@ impl Shared {
             callback: over.callback.clone().or(m.callback),
             failure_callback: over.failure_callback.clone().or(m.failure_callback),
             label: over.label.clone().or(m.label),
+            flow: over.flow.clone().or(m.flow),
         };
         Some(self.accept(m.url, m.queue, spec, m.body, m.caller_ip))
     }

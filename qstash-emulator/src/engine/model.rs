@@ -27,12 +27,78 @@ pub(crate) struct Spec {
     pub(crate) callback: Option<String>,
     pub(crate) failure_callback: Option<String>,
     pub(crate) label: Option<String>,
+    /// `Upstash-Flow-Control-Key` with `Upstash-Flow-Control-Value`.
+    pub(crate) flow: Option<FlowSpec>,
+}
+
+/// A message's flow control: the key it counts under and the limits it was published with
+/// (`Upstash-Flow-Control-Key`, `Upstash-Flow-Control-Value: parallelism=2, rate=10, period=1m`).
+/// Each message keeps its own limits, as QStash documents: while messages with older and newer
+/// limits of one key wait together, each is held to its own, so the highest is what passes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FlowSpec {
+    pub(crate) key: String,
+    /// At most this many of the key's deliveries in flight at once.
+    pub(crate) parallelism: Option<u32>,
+    /// At most this many of the key's deliveries started per `period`.
+    pub(crate) rate: Option<u32>,
+    /// The rate's window: whole seconds, 1 s (the default) to 7 days.
+    pub(crate) period: Duration,
+}
+
+/// The longest rate period: a week, as the PyPI client's `FlowControl.period` documents.
+const MAX_PERIOD: Duration = Duration::from_secs(7 * 24 * 3600);
+
+impl FlowSpec {
+    /// Reads the two headers; both or neither must be given.
+    fn parse(key: Option<&str>, value: Option<&str>) -> Result<Option<FlowSpec>, String> {
+        let (key, value) = match (key, value) {
+            (None, None) => return Ok(None),
+            (Some(key), Some(value)) => (key.trim(), value),
+            (Some(_), None) => return Err("Upstash-Flow-Control-Key needs Upstash-Flow-Control-Value".into()),
+            (None, Some(_)) => return Err("Upstash-Flow-Control-Value needs Upstash-Flow-Control-Key".into()),
+        };
+        if key.is_empty() {
+            return Err("invalid Upstash-Flow-Control-Key: empty".into());
+        }
+        let invalid = |why: &str| format!("invalid Upstash-Flow-Control-Value {value:?}: {why}");
+        let mut spec = FlowSpec { key: key.to_owned(), parallelism: None, rate: None, period: Duration::from_secs(1) };
+        for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, v) = part.split_once('=').ok_or_else(|| invalid("expected name=value pairs"))?;
+            let (name, v) = (name.trim().to_ascii_lowercase(), v.trim());
+            let count = || match v.parse::<u32>() {
+                Ok(n) if n >= 1 => Ok(n),
+                _ => Err(invalid(&format!("{name} must be a whole number of 1 or more"))),
+            };
+            match name.as_str() {
+                "parallelism" => spec.parallelism = Some(count()?),
+                "rate" | "ratepersecond" => spec.rate = Some(count()?),
+                "period" => {
+                    // A bare number is seconds, as the clients' numeric `period` means.
+                    let period = match v.parse::<u64>() {
+                        Ok(secs) => Some(Duration::from_secs(secs)),
+                        Err(_) => util::parse_duration(v),
+                    };
+                    spec.period = match period {
+                        Some(p) if p.subsec_nanos() == 0 && p >= Duration::from_secs(1) && p <= MAX_PERIOD => p,
+                        _ => return Err(invalid("period must be whole seconds, from 1s to 7d")),
+                    };
+                }
+                _ => return Err(invalid(&format!("unknown parameter {name:?}"))),
+            }
+        }
+        if spec.parallelism.is_none() && spec.rate.is_none() {
+            return Err(invalid("give parallelism, rate or both"));
+        }
+        Ok(Some(spec))
+    }
 }
 
 impl Spec {
     /// Reads the `Upstash-*` configuration headers, `Upstash-Forward-*` and `Content-Type`.
     pub(crate) fn from_headers<'a>(headers: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Spec, String> {
         let mut spec = Spec::default();
+        let (mut flow_key, mut flow_value) = (None, None);
         for (name, value) in headers {
             let lower = name.to_ascii_lowercase();
             let value = value.trim();
@@ -72,9 +138,12 @@ impl Spec {
                 "upstash-callback" => spec.callback = Some(value.to_owned()),
                 "upstash-failure-callback" => spec.failure_callback = Some(value.to_owned()),
                 "upstash-label" => spec.label = Some(value.to_owned()),
+                "upstash-flow-control-key" => flow_key = Some(value),
+                "upstash-flow-control-value" => flow_value = Some(value),
                 _ => {}
             }
         }
+        spec.flow = FlowSpec::parse(flow_key, flow_value)?;
         Ok(spec)
     }
 }
@@ -102,6 +171,7 @@ pub(crate) struct Message {
     /// What the message was published with for deduplication: a DLQ retry keeps it.
     pub(crate) dedupe_id: Option<String>,
     pub(crate) content_dedupe: bool,
+    pub(crate) flow: Option<FlowSpec>,
     pub(crate) cancel: Arc<Notify>,
 }
 
@@ -148,7 +218,82 @@ impl Message {
                 m.insert(k.into(), json!(v));
             }
         }
+        if let Some(flow) = &self.flow {
+            flow.add_json(&mut m);
+        }
         Value::Object(m)
+    }
+}
+
+impl FlowSpec {
+    /// The fields QStash's message view gives a message's flow control (`period` in seconds).
+    pub(crate) fn add_json(&self, m: &mut Map<String, Value>) {
+        m.insert("flowControlKey".into(), json!(self.key));
+        if let Some(p) = self.parallelism {
+            m.insert("parallelism".into(), json!(p));
+        }
+        if let Some(r) = self.rate {
+            m.insert("rate".into(), json!(r));
+            m.insert("period".into(), json!(self.period.as_secs()));
+        }
+    }
+}
+
+/// One flow-control key's state: its deliveries in flight, its current rate window, and what
+/// the latest message of the key asked for (for `GET /v2/flowControl/{key}`).
+#[derive(Debug)]
+pub(crate) struct FlowState {
+    pub(crate) in_flight: u32,
+    /// The current fixed window: when it opened, how long it lasts, how many started in it.
+    pub(crate) window: Option<(std::time::Instant, Duration, u32)>,
+    /// When the window opened, unix seconds (`ratePeriodStart`).
+    pub(crate) window_start_unix: u64,
+    /// Messages due but held back by the key's limits.
+    pub(crate) waiting: u32,
+    pub(crate) latest: Option<FlowSpec>,
+    /// Told when a delivery of the key ends.
+    pub(crate) released: Arc<Notify>,
+}
+
+impl FlowState {
+    pub(crate) fn new() -> FlowState {
+        FlowState {
+            in_flight: 0,
+            window: None,
+            window_start_unix: 0,
+            waiting: 0,
+            latest: None,
+            released: Arc::new(Notify::new()),
+        }
+    }
+
+    /// The key as `GET /v2/flowControl/{key}` shows it.
+    pub(crate) fn to_json(&self, key: &str) -> Value {
+        let now = std::time::Instant::now();
+        let rate_count = match self.window {
+            Some((start, per, n)) if now < start + per => n,
+            _ => 0,
+        };
+        let mut v = json!({
+            "flowControlKey": key,
+            "waitListSize": self.waiting,
+            "parallelismCount": self.in_flight,
+            "rateCount": rate_count,
+            "ratePeriodStart": self.window_start_unix,
+            "isPaused": false,
+            "isPinnedParallelism": false,
+            "isPinnedRate": false,
+        });
+        if let Some(latest) = &self.latest {
+            if let Some(p) = latest.parallelism {
+                v["parallelismMax"] = json!(p);
+            }
+            if let Some(r) = latest.rate {
+                v["rateMax"] = json!(r);
+                v["ratePeriod"] = json!(latest.period.as_secs());
+            }
+        }
+        v
     }
 }
 

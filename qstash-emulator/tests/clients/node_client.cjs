@@ -13,12 +13,23 @@ const receiver = new Receiver({
 });
 
 const hits = [];
+// The slow path's deliveries: how many are open at once (the peak), and when each started.
+const slow = { open: 0, peak: 0, starts: [] };
 const server = http.createServer((req, res) => {
   const chunks = [];
   req.on("data", (c) => chunks.push(c));
   req.on("end", () => {
     hits.push({ path: req.url, headers: req.headers, body: Buffer.concat(chunks).toString("utf8") });
-    if (req.url.startsWith("/fail")) {
+    if (req.url.startsWith("/slow")) {
+      slow.open += 1;
+      slow.peak = Math.max(slow.peak, slow.open);
+      slow.starts.push(Date.now());
+      setTimeout(() => {
+        slow.open -= 1;
+        res.writeHead(200);
+        res.end("ok");
+      }, 250);
+    } else if (req.url.startsWith("/fail")) {
       res.writeHead(489, { "Upstash-NonRetryable-Error": "true" });
       res.end("permanent failure");
     } else {
@@ -113,6 +124,29 @@ async function main() {
   const logs = await client.logs({ filter: { messageId: pub.messageId } });
   assert(logs.logs.some((l) => l.state === "DELIVERED"), "logs " + JSON.stringify(logs.logs.map((l) => l.state)));
   console.log("ok logs");
+
+  // flowControl: parallelism 2 holds at a slow destination, the key's state reads back.
+  const slowUrl = `${base}/slow`;
+  const held = [];
+  for (let i = 0; i < 6; i++) {
+    held.push(await client.publishJSON({ url: slowUrl, body: { i }, flowControl: { key: "node-fc", parallelism: 2 } }));
+  }
+  const info = await client.flowControl.get("node-fc");
+  assert(info.parallelismMax === 2, "flowControl.get " + JSON.stringify(info));
+  await waitFor("flow-controlled deliveries", () => slow.starts.length === 6 && slow.open === 0);
+  assert(slow.peak === 2, "peak in flight " + slow.peak);
+  console.log("ok flowControl parallelism peak=" + slow.peak);
+
+  // flowControl: rate 2 per period "1s": the 3rd start waits for the next window.
+  slow.starts = [];
+  slow.peak = 0;
+  for (let i = 0; i < 4; i++) {
+    await client.publishJSON({ url: `${slowUrl}?r=${i}`, body: { i }, flowControl: { key: "node-rate", rate: 2, period: "1s" } });
+  }
+  await waitFor("rate-limited deliveries", () => slow.starts.length === 4, 15000);
+  const gap = slow.starts[2] - slow.starts[0];
+  assert(gap >= 900, "the third start came " + gap + " ms after the first");
+  console.log("ok flowControl rate gap=" + gap);
 
   console.log("NODE ALL OK");
 }

@@ -17,6 +17,8 @@ from qstash.errors import SignatureError
 
 HITS = []
 LOCK = threading.Lock()
+# The slow path's deliveries: how many are open at once (the peak), and when each started.
+SLOW = {"open": 0, "peak": 0, "starts": []}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -25,7 +27,18 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length).decode("utf-8")
         with LOCK:
             HITS.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
-        if self.path.startswith("/fail"):
+        if self.path.startswith("/slow"):
+            with LOCK:
+                SLOW["open"] += 1
+                SLOW["peak"] = max(SLOW["peak"], SLOW["open"])
+                SLOW["starts"].append(time.monotonic())
+            time.sleep(0.25)
+            with LOCK:
+                SLOW["open"] -= 1
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+        elif self.path.startswith("/fail"):
             self.send_response(489)
             self.send_header("Upstash-NonRetryable-Error", "true")
             self.end_headers()
@@ -121,6 +134,26 @@ def main():
     hit = wait_for("delivery after rotation", lambda: hit_of(after.message_id))
     Receiver(rotated.current, rotated.next).verify(signature=hit["headers"]["upstash-signature"], body=hit["body"], url=ok_url)
     print("ok signing_key.rotate", flush=True)
+
+    slow_url = base + "/slow"
+    for i in range(6):
+        client.message.publish_json(url=slow_url, body={"i": i}, flow_control={"key": "py-fc", "parallelism": 2})
+    info = client.flow_control.get("py-fc")
+    assert info.parallelism_max == 2, info
+    wait_for("flow-controlled deliveries", lambda: len(SLOW["starts"]) == 6 and SLOW["open"] == 0)
+    assert SLOW["peak"] == 2, SLOW["peak"]
+    print("ok flow_control parallelism peak=%d" % SLOW["peak"], flush=True)
+
+    with LOCK:
+        SLOW["starts"] = []
+    for i in range(4):
+        client.message.publish_json(
+            url=slow_url + "?r=%d" % i, body={"i": i}, flow_control={"key": "py-rate", "rate": 2, "period": 1}
+        )
+    wait_for("rate-limited deliveries", lambda: len(SLOW["starts"]) == 4, timeout=15.0)
+    gap = SLOW["starts"][2] - SLOW["starts"][0]
+    assert gap >= 0.9, gap
+    print("ok flow_control rate gap=%.3f" % gap, flush=True)
 
     server.shutdown()
     print("PYTHON ALL OK", flush=True)
