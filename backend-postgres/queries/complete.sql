@@ -8,8 +8,16 @@
 -- cannot see, so no batch looks large enough to scan the table for. Tokens are unique per claim:
 -- a row whose id and token are both in the batch was sent with that very pair, and its result is
 -- the one at its token's place (a repeat without a result keeps the stored one).
-UPDATE {schema}.jobs
-SET status = 'done', result = coalesce(($3::jsonb[])[array_position($2::uuid[], lease_token)], result),
-    locked_until = NULL, updated_at = now()
-WHERE id = ANY(ARRAY(SELECT unnest($1::bigint[]))) AND lease_token = ANY($2::uuid[])
-RETURNING id, lease_token
+--
+-- A job with an order key that finishes lets the next of its key run: the workers are told at
+-- commit (as an enqueue tells them), rather than finding it at their next poll.
+WITH done AS (
+    UPDATE {schema}.jobs
+    SET status = 'done', result = coalesce(($3::jsonb[])[array_position($2::uuid[], lease_token)], result),
+        locked_until = NULL, updated_at = now()
+    WHERE id = ANY(ARRAY(SELECT unnest($1::bigint[]))) AND lease_token = ANY($2::uuid[])
+    RETURNING id, lease_token, order_key
+), woken AS (
+    SELECT count(pg_notify('{channel}', '')) AS n FROM (SELECT 1 FROM done WHERE order_key IS NOT NULL LIMIT 1) one
+)
+SELECT done.id, done.lease_token FROM done, woken

@@ -7,5 +7,9 @@ WITH record AS (
 ), freed AS (
     UPDATE {schema}.jobs SET order_key = NULL
     WHERE id = (SELECT job_id FROM record) AND status = 'failed' AND order_key IS NOT NULL
+    RETURNING id
+), woken AS (
+    -- The next job of the freed key may run: the workers are told at commit.
+    SELECT count(pg_notify('{channel}', '')) AS n FROM freed
 )
-SELECT id FROM record
+SELECT id FROM record, woken

@@ -21,10 +21,11 @@ INSERT INTO {schema}.jobs (id, kind, idempotency_key, provider_key, payload, sev
                           order_key, order_prev)
 SELECT key.job_id, f.kind, f.idempotency_key, f.provider_key, f.payload, f.severity, f.cap, f.deadline,
        coalesce(f.not_before, now()), f.order_key,
-       -- The key's highest id before the batch, for each of its jobs: a claim's range then takes in
-       -- the batch's earlier jobs of the key too.
+       -- The key's previous job in this batch (of those inserted: a skipped duplicate's id was
+       -- never a job), else its highest id before the batch.
        CASE WHEN f.order_key IS NOT NULL
-            THEN coalesce((SELECT max(id) FROM {schema}.jobs WHERE order_key = f.order_key), 0) END
+            THEN coalesce(lag(key.job_id) OVER (PARTITION BY f.order_key ORDER BY key.job_id),
+                          (SELECT max(id) FROM {schema}.jobs WHERE order_key = f.order_key), 0) END
 FROM key JOIN numbered f USING (idempotency_key)
 ORDER BY key.job_id
 RETURNING id, idempotency_key

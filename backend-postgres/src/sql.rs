@@ -35,7 +35,10 @@ macro_rules! queries {
         impl Queries {
             pub(crate) fn new(schema: &str) -> Self {
                 let quoted = format!("\"{schema}\"");
-                Self { $($name: include_str!(concat!("../queries/", stringify!($name), ".sql")).replace("{schema}", &quoted).into(),)* }
+                // The schema is checked to be [a-z0-9_], so its channel can be a literal.
+                let channel = format!("redrive_{schema}");
+                Self { $($name: include_str!(concat!("../queries/", stringify!($name), ".sql"))
+                    .replace("{schema}", &quoted).replace("{channel}", &channel).into(),)* }
             }
         }
     };
@@ -44,6 +47,7 @@ macro_rules! queries {
 queries!(
     enqueue,
     enqueue_batch,
+    order_lock,
     existing,
     claim,
     complete,

@@ -160,3 +160,60 @@ fn find<'p>(plan: &'p serde_json::Value, alias: &str) -> Option<&'p serde_json::
     }
     plan["Plans"].as_array()?.iter().find_map(|child| find(child, alias))
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_in_an_open_transaction_holds_its_keys_later_enqueues_until_it_commits() {
+    let backend = common::backend("order_tx").await;
+    // The application's transaction enqueues A and stays open.
+    let mut tx = backend.pool().begin().await.unwrap();
+    backend.enqueue_in(&mut tx, event(1, 0)).await.unwrap();
+    // Another request enqueues B of the same key meanwhile: it waits for A's transaction, so B
+    // cannot draw an id, commit and run before A exists.
+    let other = backend.clone();
+    let b = tokio::spawn(async move { other.enqueue(event(1, 1)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!b.is_finished(), "B waits for the open transaction that enqueued A");
+    assert!(claim(&backend).await.is_empty(), "nothing of the key is visible yet");
+    tx.commit().await.unwrap();
+    b.await.unwrap().unwrap();
+    assert_eq!(claim(&backend).await, ["account_event:account=1:n=0"], "A first");
+    assert_eq!(claim(&backend).await, ["account_event:account=1:n=1"], "then B");
+    // Other keys never wait for it.
+    let mut tx = backend.pool().begin().await.unwrap();
+    backend.enqueue_in(&mut tx, event(1, 2)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), backend.enqueue(event(2, 0)))
+        .await
+        .expect("another key's enqueue does not wait")
+        .unwrap();
+    tx.rollback().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_one_keys_events_runs_without_waiting_for_polls() {
+    let backend = common::backend("order_wake").await;
+    let done = Arc::new(Mutex::new(0u32));
+    let handler = {
+        let done = Arc::clone(&done);
+        move |_job: Event, _ctx: JobContext| {
+            let done = Arc::clone(&done);
+            async move {
+                *done.lock().unwrap() += 1;
+                Ok::<(), JobError>(())
+            }
+        }
+    };
+    // A poll far longer than the test: only the completions' notifications can move the chain.
+    let config = WorkerConfig { concurrency: 4, poll: Duration::from_secs(4), ..WorkerConfig::default() };
+    let worker =
+        Worker::builder(backend.clone(), backend.clone()).config(config).handle::<Event>(handler).build().start();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = tokio::time::Instant::now();
+    backend.enqueue_batch((0..5).map(|n| event(1, n)).collect()).await.unwrap();
+    while *done.lock().unwrap() < 5 && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = started.elapsed();
+    worker.shutdown().await;
+    assert_eq!(*done.lock().unwrap(), 5, "every event of the key ran");
+    assert!(took < Duration::from_secs(3), "five events in a chain took {took:?}");
+}

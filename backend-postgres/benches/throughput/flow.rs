@@ -109,6 +109,12 @@ async fn order_medians(ctx: &Ctx, cells: &[(&'static str, u64)], rounds: usize) 
 }
 
 pub(crate) async fn order_section(ctx: &Ctx, lifecycle: f64) -> BoxResult<Vec<(String, Figure)>> {
+    // For tuning: REDRIVE_BENCH_ORDER_RUN=N runs the one cell of N jobs in a row per account, once.
+    if let Some(run) = std::env::var("REDRIVE_BENCH_ORDER_RUN").ok().and_then(|v| v.parse::<u64>().ok()) {
+        let rates = order_medians(ctx, &[("order keys, tuning", run)], 1).await?;
+        println!("- {:.2}× lifecycle.sql at the start", rates[0] / lifecycle);
+        return Ok(vec![]);
+    }
     println!();
     println!("## Order per key: {FLOW_JOBS} jobs, concurrency {CONCURRENCY}, three interleaved rounds");
     let analyzed = order_medians(ctx, &ORDER_CELLS, 3).await?;

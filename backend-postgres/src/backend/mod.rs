@@ -105,8 +105,28 @@ impl PgBackend {
 
     /// Enqueues inside the caller's transaction: the job exists if and only if it commits.
     /// Call [`wake`](Self::wake) after the commit to start it without waiting for a poll.
+    ///
+    /// A job with an order key takes its key's turn first (enqueues of one key wait for each
+    /// other's transactions to end: see `order_lock.sql`), in a transaction of its own, or a
+    /// savepoint of yours (begun with sqlx's `begin`).
     pub async fn enqueue_in(&self, conn: &mut PgConnection, job: NewJob) -> Result<Enqueued> {
         check_payload(&job, self.inner.config.max_payload)?;
+        let Some(order) = &job.order_key else {
+            return self.insert(conn, &job).await;
+        };
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(|e| db(e, "begin enqueue"))?;
+        q(&self.inner.sql.order_lock)
+            .bind(std::slice::from_ref(order))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db(e, "take the order key's turn"))?;
+        let result = self.insert(&mut tx, &job).await?;
+        tx.commit().await.map_err(|e| db(e, "commit enqueue"))?;
+        Ok(result)
+    }
+
+    /// The enqueue statement, retried once for a conflicting insert it could not see.
+    async fn insert(&self, conn: &mut PgConnection, job: &NewJob) -> Result<Enqueued> {
         let fingerprint = job.fingerprint();
         let mut row = None;
         // No row at all: the conflicting insert committed after this statement's snapshot was
@@ -292,6 +312,14 @@ impl Enqueue for PgBackend {
         }
         let column = |f: fn(&NewJob) -> String| jobs.iter().map(f).collect::<Vec<_>>();
         let mut tx = self.inner.pool.begin().await.map_err(|e| db(e, "begin"))?;
+        let orders: Vec<&str> = jobs.iter().filter_map(|j| j.order_key.as_deref()).collect();
+        if !orders.is_empty() {
+            q(&self.inner.sql.order_lock)
+                .bind(&orders)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db(e, "take the order keys' turn"))?;
+        }
         let inserted = q(&self.inner.sql.enqueue_batch)
             .bind(column(|j| j.kind.clone()))
             .bind(column(|j| j.key.to_string()))
