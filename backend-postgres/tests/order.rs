@@ -202,7 +202,8 @@ async fn a_chain_of_one_keys_events_runs_without_waiting_for_polls() {
             }
         }
     };
-    // A poll far longer than the test: only the completions' notifications can move the chain.
+    // A poll longer than the whole chain may take: each next event starts on a wake-up (the
+    // worker's own, or the notification a completion of an ordered job sends at commit).
     let config = WorkerConfig { concurrency: 4, poll: Duration::from_secs(4), ..WorkerConfig::default() };
     let worker =
         Worker::builder(backend.clone(), backend.clone()).config(config).handle::<Event>(handler).build().start();
