@@ -1,0 +1,9 @@
+-- Order per key: jobs that share an order key (any kind) run one at a time, in id order. A job
+-- waits while one of its key with a lower id is not done (queued, running, or failed with its
+-- record open); a discard sets the failed job's order key to NULL, so it no longer holds the rest.
+ALTER TABLE redrive_jobs ADD COLUMN order_key TEXT;
+
+-- The claim's check for an earlier unfinished job of the key, and `blocked`'s count of the jobs
+-- behind one: the unfinished jobs of each order key, by id. Queues that use no order keys add
+-- nothing to it.
+CREATE INDEX redrive_jobs_order ON redrive_jobs (order_key, id) WHERE order_key IS NOT NULL AND status <> 'done';
