@@ -9,3 +9,8 @@ ALTER TABLE redrive_jobs ADD COLUMN order_key TEXT;
 -- Queues that use no order keys add nothing to it.
 CREATE INDEX redrive_jobs_order ON redrive_jobs (order_key, id, status)
 WHERE order_key IS NOT NULL AND status <> 'done';
+
+-- The claim reads the ready jobs in this index, and now their order key too (NULL: no check): in
+-- the index, a claim of any kind still reads nothing else of a job it passes over.
+DROP INDEX redrive_jobs_ready;
+CREATE INDEX redrive_jobs_ready ON redrive_jobs (ready_at, id, order_key) WHERE status = 'queued';

@@ -3,7 +3,8 @@
 -- ledger entry, the claim takes the key: past the first claim, the effect is resumed.
 -- A job with an order key waits while an earlier job of its key (lower id, any kind) is not done:
 -- queued (a retry's backoff too), running, or failed with its record open (a discard clears the
--- failed job's order key). The check reads redrive_jobs_order, and only for jobs that have one.
+-- failed job's order key). The order key is read from redrive_jobs_ready with the candidate, and
+-- the check, only for a job that has one, from redrive_jobs_order.
 UPDATE redrive_jobs
 SET status = 'running', ready_at = NULL, lease_token = ?3, lease_expires = ?1 + ?2, started = 0,
     attempts = attempts + 1, claims = claims + 1

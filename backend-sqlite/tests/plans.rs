@@ -116,7 +116,11 @@ async fn the_order_check_reads_the_index_of_unfinished_jobs_and_never_scans_the_
             let ordered =
                 steps.iter().any(|step| step.contains("USING COVERING INDEX redrive_jobs_order (order_key=? AND id"));
             let needs_order = name.starts_with("claim") || *name == "blocked";
-            if scans || (needs_order && !ordered) {
+            // The claim's candidates, oldest first, from the index of ready jobs (with their
+            // order keys in it).
+            let ready =
+                steps.iter().any(|step| step.starts_with("SEARCH j USING INDEX redrive_jobs_ready (ready_at<?)"));
+            if scans || (needs_order && !ordered) || (name.starts_with("claim") && !ready) {
                 failures.push(format!("{moment}: {name}: {steps:#?}"));
             }
         }
