@@ -211,3 +211,25 @@ async fn a_purged_record_no_longer_holds_its_order_key_back() {
     let next = backend.claim(&Kinds::Any, 10, lease, Duration::ZERO).await.unwrap();
     assert_eq!(next.iter().map(parcel).collect::<Vec<_>>(), [2]);
 }
+
+#[tokio::test]
+async fn a_file_from_before_order_per_key_opens_and_its_queued_jobs_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.db");
+    let backend = SqliteBackend::open(SqliteConfig::new(&path)).await.unwrap();
+    backend.enqueue_batch(vec![job(1), job(2)]).await.unwrap();
+    // Back to the file as the release before it left it: migration 6 undone, by hand.
+    let undo = "DROP INDEX redrive_jobs_order;
+                DROP INDEX redrive_jobs_ready;
+                CREATE INDEX redrive_jobs_ready ON redrive_jobs (ready_at, id) WHERE status = 'queued';
+                ALTER TABLE redrive_jobs DROP COLUMN order_key;
+                DELETE FROM _sqlx_migrations WHERE version = 6;";
+    redrive_sqlite::sqlx::raw_sql(undo).execute(backend.pool()).await.unwrap();
+    backend.pool().close().await;
+    drop(backend);
+
+    let backend = SqliteBackend::open(SqliteConfig::new(&path)).await.unwrap();
+    backend.enqueue_batch(vec![ordered(3, "account1"), ordered(4, "account1")]).await.unwrap();
+    let claimed = backend.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    assert_eq!(claimed.iter().map(parcel).collect::<Vec<_>>(), [1, 2, 3], "the jobs from before run; 4 waits for 3");
+}

@@ -103,17 +103,13 @@ impl DeadLetter for SqliteBackend {
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| db(e, "discard"))?;
-        let Some(closed) = closed else {
+        if closed.is_none() {
             drop(tx);
             self.get(id).await?; // NotFound if there is no such record; closed already is fine
             return Ok(());
-        };
+        }
         // Dropped work no longer holds the later jobs of its order key back.
-        let freed = q(sql::discard_order)
-            .bind(closed.get::<i64, _>("job_id"))
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| db(e, "discard"))?;
+        let freed = q(sql::discard_order).bind(n).fetch_optional(&mut *tx).await.map_err(|e| db(e, "discard"))?;
         tx.commit().await.map_err(|e| db(e, "commit discard"))?;
         if freed.is_some() {
             self.wake();
@@ -156,16 +152,19 @@ impl DeadLetter for SqliteBackend {
     async fn blocked(&self) -> Result<Vec<Blocked>> {
         let rows =
             q(sql::blocked).fetch_all(&self.inner.reader).await.map_err(|e| db(e, "list the blocked order keys"))?;
-        Ok(rows
-            .iter()
-            .map(|row| Blocked {
-                order_key: row.get("order_key"),
-                record: FailureId(row.get::<i64, _>("record").to_string()),
-                kind: row.get("kind"),
-                key: key_or_stand_in(row.get("idempotency_key"), row.get("job_id")),
-                waiting: row.get::<i64, _>("waiting").max(0) as u64,
+        // A row with an order key that does not read back (written by hand) is left out rather
+        // than fail the listing; its record is listed by `list` all the same.
+        let blocked = |row: &SqliteRow| -> std::result::Result<Blocked, sqlx::Error> {
+            let job: i64 = row.try_get("job_id")?;
+            Ok(Blocked {
+                order_key: row.try_get("order_key")?,
+                record: FailureId(row.try_get::<i64, _>("record")?.to_string()),
+                kind: row.try_get("kind")?,
+                key: key_or_stand_in(row.try_get("idempotency_key")?, job),
+                waiting: row.try_get::<i64, _>("waiting")?.max(0) as u64,
             })
-            .collect())
+        };
+        Ok(rows.iter().filter_map(|row| blocked(row).ok()).collect())
     }
 }
 
