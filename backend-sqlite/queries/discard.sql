@@ -2,3 +2,4 @@
 UPDATE redrive_failed_jobs
 SET state = 'discarded', closed_at = ?2, discard_reason = ?3, discard_actor = ?4
 WHERE id = ?1 AND state = 'open'
+RETURNING id

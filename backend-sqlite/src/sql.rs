@@ -29,6 +29,8 @@ mod text {
         get_failure,
         count_open,
         discard,
+        discard_order,
+        blocked,
         close_replayed,
         requeue,
         purge,
@@ -82,12 +84,13 @@ pub(crate) fn q(sql: &'static str) -> sqlx::query::Query<'static, Sqlite, Sqlite
 
 /// The embedded migrations, tracked in `_sqlx_migrations`.
 pub(crate) fn migrator() -> Migrator {
-    let files: [(i64, &str, &str); 5] = [
+    let files: [(i64, &str, &str); 6] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "broker records", include_str!("../migrations/0002_broker_records.sql")),
         (3, "deadline", include_str!("../migrations/0003_deadline.sql")),
         (4, "replay audit", include_str!("../migrations/0004_replay_audit.sql")),
         (5, "flow", include_str!("../migrations/0005_flow.sql")),
+        (6, "order", include_str!("../migrations/0006_order.sql")),
     ];
     let migrations = files
         .into_iter()

@@ -1,17 +1,28 @@
 //! What the conformance suite does not reach: the broker record store, enqueue in the
-//! application's transaction, and wake-ups within a process and across processes.
+//! application's transaction, wake-ups within a process and across processes, and order per key
+//! kept by two processes on one file.
 
 mod common;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redrive_core::kit::{Claim, Kinds};
-use redrive_core::{Enqueue, IdempotencyKey, NewJob, QueueStats};
+use redrive_core::{DeadLetter, Enqueue, IdempotencyKey, NewJob, QueueStats};
 use redrive_sqlite::{SqliteBackend, SqliteConfig};
 
 fn job(n: u32) -> NewJob {
     let key = IdempotencyKey::builder("ship").fact("parcel", n).build().unwrap();
     NewJob::new("ship", key, serde_json::json!({ "parcel": n })).unwrap()
+}
+
+fn ordered(n: u32, order: &str) -> NewJob {
+    job(n).with_order_key(order).unwrap()
+}
+
+fn parcel(claimed: &redrive_core::kit::Claimed) -> u32 {
+    claimed.job.payload["parcel"].as_u64().unwrap() as u32
 }
 
 #[tokio::test]
@@ -66,4 +77,159 @@ async fn a_waiting_claim_wakes_at_once_for_this_process_and_by_polling_for_anoth
     assert_eq!(waiting.await.unwrap().unwrap().len(), 1);
     // Its wait is 30 s: found sooner, its polling found it.
     assert!(started.elapsed() < Duration::from_secs(5), "found by polling: {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_job_of_an_order_key_is_claimed_at_once_when_the_one_before_completes_or_is_discarded() {
+    let dir = tempfile::tempdir().unwrap();
+    // A poll of 30 s: a claim that finds the next job within seconds was woken.
+    let backend = SqliteBackend::open(SqliteConfig::new(dir.path().join("jobs.db")).with_poll(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(30);
+    backend.enqueue_batch(vec![ordered(1, "account1"), ordered(2, "account1"), ordered(3, "account1")]).await.unwrap();
+    let first = backend.claim(&Kinds::Any, 10, lease, Duration::ZERO).await.unwrap();
+    assert_eq!(first.iter().map(parcel).collect::<Vec<_>>(), [1], "one job of the order key at a time, the first");
+
+    let wait_for_next = || {
+        let backend = backend.clone();
+        tokio::spawn(async move { backend.claim(&Kinds::Any, 10, lease, Duration::from_secs(30)).await.unwrap() })
+    };
+    let waiting = wait_for_next();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "job 2 waits while job 1 runs");
+    let started = Instant::now();
+    backend.complete(&first[0].lease, None).await.unwrap();
+    let second = waiting.await.unwrap();
+    assert_eq!(second.iter().map(parcel).collect::<Vec<_>>(), [2]);
+    assert!(started.elapsed() < Duration::from_secs(5), "woken by the completion: {:?}", started.elapsed());
+
+    let record = backend.dead_letter(&second[0], "the provider refused it").await.unwrap().unwrap();
+    let blocked = backend.blocked().await.unwrap();
+    assert_eq!(blocked.len(), 1, "{blocked:?}");
+    assert_eq!((blocked[0].order_key.as_str(), &blocked[0].record, blocked[0].waiting), ("account1", &record.id, 1));
+    assert_eq!(blocked[0].key, record.key);
+
+    let waiting = wait_for_next();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "job 3 waits while job 2's record is open");
+    let started = Instant::now();
+    backend.discard(&record.id, "superseded", "ana").await.unwrap();
+    let third = waiting.await.unwrap();
+    assert_eq!(third.iter().map(parcel).collect::<Vec<_>>(), [3]);
+    assert!(started.elapsed() < Duration::from_secs(5), "woken by the discard: {:?}", started.elapsed());
+    assert!(backend.blocked().await.unwrap().is_empty(), "a discarded record holds nothing back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_on_one_file_run_an_order_keys_jobs_one_at_a_time_in_enqueue_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.db");
+    // Three order keys of ten jobs each, interleaved, and ten jobs without one.
+    let order_of = |n: u32| (n < 30).then(|| format!("account{}", n % 3));
+    let jobs: Vec<NewJob> = (0..40).map(|n| order_of(n).map_or_else(|| job(n), |order| ordered(n, &order))).collect();
+    let open = || SqliteBackend::open(SqliteConfig::new(&path).with_poll(Duration::from_millis(20)));
+    let backends = [open().await.unwrap(), open().await.unwrap()];
+    backends[0].enqueue_batch(jobs).await.unwrap();
+
+    // Per order key: how many of its jobs run now, the most that ever did, and the start order.
+    let running: Arc<Mutex<HashMap<String, (usize, usize)>>> = Arc::default();
+    let starts: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let mut processes = tokio::task::JoinSet::new();
+    for backend in backends {
+        let (running, starts) = (Arc::clone(&running), Arc::clone(&starts));
+        processes.spawn(async move {
+            let mut ran = 0;
+            let mut busy = Instant::now();
+            while busy.elapsed() < Duration::from_secs(2) {
+                let claimed =
+                    backend.claim(&Kinds::Any, 4, Duration::from_secs(30), Duration::from_millis(100)).await.unwrap();
+                if claimed.is_empty() {
+                    continue;
+                }
+                busy = Instant::now();
+                ran += claimed.len();
+                let mut handlers = tokio::task::JoinSet::new();
+                for claimed in claimed {
+                    let (backend, running, starts) = (backend.clone(), Arc::clone(&running), Arc::clone(&starts));
+                    handlers.spawn(async move {
+                        let n = parcel(&claimed);
+                        if let Some(order) = order_of(n) {
+                            let mut running = running.lock().unwrap();
+                            let (now, most) = running.entry(order).or_default();
+                            *now += 1;
+                            *most = (*most).max(*now);
+                        }
+                        starts.lock().unwrap().push(n);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        if let Some(order) = order_of(n) {
+                            running.lock().unwrap().get_mut(&order).unwrap().0 -= 1;
+                        }
+                        // Done only after it stopped "running": the next of its key may start then.
+                        backend.complete(&claimed.lease, None).await.unwrap();
+                    });
+                }
+                handlers.join_all().await;
+            }
+            ran
+        });
+    }
+    // Each process stops after 2 s with nothing to claim.
+    let ran = tokio::time::timeout(Duration::from_secs(60), processes.join_all()).await.expect("the jobs ran out");
+    assert!(ran.iter().all(|n| *n > 0), "both processes ran jobs: {ran:?}");
+
+    let starts = starts.lock().unwrap().clone();
+    let mut all = starts.clone();
+    all.sort_unstable();
+    assert_eq!(all, (0..40).collect::<Vec<_>>(), "every job ran once");
+    for key in 0..3 {
+        let order = format!("account{key}");
+        let seen: Vec<u32> =
+            starts.iter().copied().filter(|n| order_of(*n).as_deref() == Some(order.as_str())).collect();
+        let expected: Vec<u32> = (0..30).filter(|n| n % 3 == key).collect();
+        assert_eq!(seen, expected, "{order}'s jobs start in enqueue order");
+        let most = running.lock().unwrap()[&order].1;
+        assert_eq!(most, 1, "{order}'s jobs run one at a time; {most} ran at once");
+    }
+}
+
+#[tokio::test]
+async fn a_purged_record_no_longer_holds_its_order_key_back() {
+    let (backend, _dir) = common::backend().await;
+    let lease = Duration::from_secs(30);
+    backend.enqueue_batch(vec![ordered(1, "account1"), ordered(2, "account1"), job(3)]).await.unwrap();
+    let claimed = backend.claim(&Kinds::Any, 10, lease, Duration::ZERO).await.unwrap();
+    assert_eq!(claimed.iter().map(parcel).collect::<Vec<_>>(), [1, 3], "job 2 waits behind job 1");
+    backend.complete(&claimed[1].lease, None).await.unwrap();
+    backend.dead_letter(&claimed[0], "the provider refused it").await.unwrap();
+    assert!(backend.claim(&Kinds::Any, 10, lease, Duration::ZERO).await.unwrap().is_empty(), "held by the record");
+    assert_eq!(backend.blocked().await.unwrap().len(), 1);
+
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(backend.purge(Duration::ZERO).await.unwrap(), 1);
+    assert!(backend.blocked().await.unwrap().is_empty(), "the purged record holds nothing back");
+    let next = backend.claim(&Kinds::Any, 10, lease, Duration::ZERO).await.unwrap();
+    assert_eq!(next.iter().map(parcel).collect::<Vec<_>>(), [2]);
+}
+
+#[tokio::test]
+async fn a_file_from_before_order_per_key_opens_and_its_queued_jobs_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.db");
+    let backend = SqliteBackend::open(SqliteConfig::new(&path)).await.unwrap();
+    backend.enqueue_batch(vec![job(1), job(2)]).await.unwrap();
+    // Back to the file as the release before it left it: migration 6 undone, by hand.
+    let undo = "DROP INDEX redrive_jobs_order;
+                DROP INDEX redrive_jobs_ready;
+                CREATE INDEX redrive_jobs_ready ON redrive_jobs (ready_at, id) WHERE status = 'queued';
+                ALTER TABLE redrive_jobs DROP COLUMN order_key;
+                DELETE FROM _sqlx_migrations WHERE version = 6;";
+    redrive_sqlite::sqlx::raw_sql(undo).execute(backend.pool()).await.unwrap();
+    backend.pool().close().await;
+    drop(backend);
+
+    let backend = SqliteBackend::open(SqliteConfig::new(&path)).await.unwrap();
+    backend.enqueue_batch(vec![ordered(3, "account1"), ordered(4, "account1")]).await.unwrap();
+    let claimed = backend.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    assert_eq!(claimed.iter().map(parcel).collect::<Vec<_>>(), [1, 2, 3], "the jobs from before run; 4 waits for 3");
 }

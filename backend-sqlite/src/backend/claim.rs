@@ -158,8 +158,15 @@ impl Claim for SqliteBackend {
         let gone = || Error::temporary("sqlite: the backend is closing");
         self.inner.completions.send(completion).await.map_err(|_| gone())?;
         match answer.await.map_err(|_| gone())?? {
-            true => Ok(()),
-            false => Err(lease_lost(lease)),
+            completer::Done::LeaseLost => Err(lease_lost(lease)),
+            completer::Done::Done { ordered } => {
+                if ordered {
+                    // The next job of its order key may be claimed now: this process's waiting
+                    // claims look at once (another process's find it by polling).
+                    self.wake();
+                }
+                Ok(())
+            }
         }
     }
 

@@ -4,7 +4,7 @@
 //! once its completion is committed.
 
 use redrive_core::Result;
-use sqlx::SqlitePool;
+use sqlx::{Row, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
 use super::now_ms;
@@ -14,12 +14,20 @@ use crate::sql::{self, q};
 /// Completions one transaction takes at most.
 const MOST: usize = 256;
 
-/// One job to mark done: its id, its lease token, and who waits for the answer (whether the
-/// lease still held it).
+/// One job to mark done: its id, its lease token, and who waits for the answer.
 pub(super) struct Completion {
     pub(super) id: i64,
     pub(super) token: String,
-    pub(super) done: oneshot::Sender<Result<bool>>,
+    pub(super) done: oneshot::Sender<Result<Done>>,
+}
+
+/// What a completion found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Done {
+    /// The lease no longer held the job: nothing was written.
+    LeaseLost,
+    /// Done; `ordered`: the job had an order key, whose next job may be claimed now.
+    Done { ordered: bool },
 }
 
 /// Starts the task that writes completions; it ends when the backend (every sender) is gone.
@@ -35,9 +43,9 @@ pub(super) fn start(writer: SqlitePool) -> mpsc::Sender<Completion> {
                 }
             }
             match write(&writer, &batch).await {
-                Ok(held) => {
-                    for (completion, held) in batch.into_iter().zip(held) {
-                        let _ = completion.done.send(Ok(held));
+                Ok(found) => {
+                    for (completion, found) in batch.into_iter().zip(found) {
+                        let _ = completion.done.send(Ok(found));
                     }
                 }
                 Err(e) => {
@@ -52,10 +60,10 @@ pub(super) fn start(writer: SqlitePool) -> mpsc::Sender<Completion> {
     tx
 }
 
-async fn write(writer: &SqlitePool, batch: &[Completion]) -> Result<Vec<bool>> {
+async fn write(writer: &SqlitePool, batch: &[Completion]) -> Result<Vec<Done>> {
     let now = now_ms();
     let mut tx = writer.begin_with("BEGIN IMMEDIATE").await.map_err(|e| db(e, "begin completions"))?;
-    let mut held = Vec::with_capacity(batch.len());
+    let mut found = Vec::with_capacity(batch.len());
     for c in batch {
         let row = q(sql::complete)
             .bind(c.id)
@@ -64,8 +72,9 @@ async fn write(writer: &SqlitePool, batch: &[Completion]) -> Result<Vec<bool>> {
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| db(e, "complete"))?;
-        held.push(row.is_some());
+        // A flag that does not read back wakes the claims for nothing, which costs a look.
+        found.push(row.map_or(Done::LeaseLost, |row| Done::Done { ordered: row.try_get("ordered").unwrap_or(true) }));
     }
     tx.commit().await.map_err(|e| db(e, "commit completions"))?;
-    Ok(held)
+    Ok(found)
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use redrive_core::kit::{AttemptError, require_audit};
 use redrive_core::{
-    DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey, RecordState, Replay,
-    ReplayOutcome, Result, Severity,
+    Blocked, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey, RecordState,
+    Replay, ReplayOutcome, Result, Severity,
 };
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
@@ -94,16 +94,25 @@ impl DeadLetter for SqliteBackend {
         require_audit("a discard's reason", reason)?;
         require_audit("a discard's actor", actor)?;
         let n = parse_id(&id.0)?;
-        let done = q(sql::discard)
+        let mut tx = self.write().await?;
+        let closed = q(sql::discard)
             .bind(n)
             .bind(now_ms())
             .bind(reason.to_owned())
             .bind(actor.to_owned())
-            .execute(&self.inner.writer)
+            .fetch_optional(&mut *tx)
             .await
             .map_err(|e| db(e, "discard"))?;
-        if done.rows_affected() == 0 {
+        if closed.is_none() {
+            drop(tx);
             self.get(id).await?; // NotFound if there is no such record; closed already is fine
+            return Ok(());
+        }
+        // Dropped work no longer holds the later jobs of its order key back.
+        let freed = q(sql::discard_order).bind(n).fetch_optional(&mut *tx).await.map_err(|e| db(e, "discard"))?;
+        tx.commit().await.map_err(|e| db(e, "commit discard"))?;
+        if freed.is_some() {
+            self.wake();
         }
         Ok(())
     }
@@ -129,10 +138,33 @@ impl DeadLetter for SqliteBackend {
             tx.commit().await.map_err(|e| db(e, "commit purge"))?;
             purged += rows.len() as u64;
             if (rows.len() as i64) < CHUNK {
+                if purged > 0 {
+                    // A purged open record's job is gone with it, and no longer holds the later
+                    // jobs of its order key back.
+                    self.wake();
+                }
                 return Ok(purged);
             }
             let_others_write(started.elapsed()).await;
         }
+    }
+
+    async fn blocked(&self) -> Result<Vec<Blocked>> {
+        let rows =
+            q(sql::blocked).fetch_all(&self.inner.reader).await.map_err(|e| db(e, "list the blocked order keys"))?;
+        // A row with an order key that does not read back (written by hand) is left out rather
+        // than fail the listing; its record is listed by `list` all the same.
+        let blocked = |row: &SqliteRow| -> std::result::Result<Blocked, sqlx::Error> {
+            let job: i64 = row.try_get("job_id")?;
+            Ok(Blocked {
+                order_key: row.try_get("order_key")?,
+                record: FailureId(row.try_get::<i64, _>("record")?.to_string()),
+                kind: row.try_get("kind")?,
+                key: key_or_stand_in(row.try_get("idempotency_key")?, job),
+                waiting: row.try_get::<i64, _>("waiting")?.max(0) as u64,
+            })
+        };
+        Ok(rows.iter().filter_map(|row| blocked(row).ok()).collect())
     }
 }
 

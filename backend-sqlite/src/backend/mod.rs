@@ -43,7 +43,8 @@ struct Inner {
     config: SqliteConfig,
     /// Completions, grouped into shared transactions on the writer (see `completer`).
     completions: tokio::sync::mpsc::Sender<completer::Completion>,
-    /// Enqueues, retries and replays of this process wake its waiting claims at once.
+    /// Enqueues, retries, replays, and the completion or discard of a job with an order key, in
+    /// this process, wake its waiting claims at once.
     work: Notify,
 }
 
@@ -246,6 +247,7 @@ async fn enqueue_on(conn: &mut SqliteConnection, job: &NewJob, fingerprint: &str
         .bind(now_ms())
         .bind(job.deadline.map(|at| at.timestamp_millis()))
         .bind(job.not_before.map(|at| at.timestamp_millis()))
+        .bind(job.order_key.as_deref())
         .fetch_optional(&mut *conn)
         .await
         .map_err(|e| db(e, "enqueue"))?;
