@@ -13,7 +13,8 @@ use crate::harness::{Fault, ORDER, Probe, Run, ensure, order_group};
 use crate::{Outcome, Queue, Subject};
 
 /// Behaviour 42: Three order keys and some jobs without one, interleaved on the queue, two
-/// workers of four handlers. `account70`'s third job fails into a record (cap 1): its four later
+/// workers of four handlers. `account70`'s second job fails once and is retried before the third
+/// starts; its third fails into a record (cap 1): its four later
 /// jobs wait, listed by `DeadLetter::blocked`, while other keys run; replayed, it runs in its
 /// place and the rest follow in order. `account71`'s second job fails and its record is
 /// discarded: the two behind it run then, and it never does. No two jobs of one key ever run at
@@ -36,6 +37,9 @@ pub async fn ordered_through_failure<Q: Queue, L: Ledger + Clone + 'static>(subj
     // Each fails its first start only: at a cap of 1 that is a record, and the replay succeeds.
     run.script.fault(replay_me, Fault::FailFirstStart);
     run.script.fault(discard_me, Fault::FailFirstStart);
+    // And one that is retried (cap 3): the job after it waits through the retry too.
+    let retried = 701;
+    run.script.fault(retried, Fault::FailFirstStart);
     for i in 0..7 {
         for group in [&replayed, &discarded, &steady, &unordered] {
             if let Some(id) = group.get(i) {
@@ -132,7 +136,7 @@ pub async fn ordered_through_failure<Q: Queue, L: Ledger + Clone + 'static>(subj
     };
     let of = |group: u32| starts.iter().copied().filter(|id| order_group(*id) == Some(group)).collect::<Vec<_>>();
     for (group, expected) in
-        [(70, vec![700, 701, 702, 702, 703, 704, 705, 706]), (71, vec![710, 711, 712, 713]), (72, steady.clone())]
+        [(70, vec![700, 701, 701, 702, 702, 703, 704, 705, 706]), (71, vec![710, 711, 712, 713]), (72, steady.clone())]
     {
         let seen = of(group);
         ensure!(

@@ -305,6 +305,9 @@ impl DeadLetter for Broken {
         }
         self.0.purge(age).await
     }
+    async fn blocked(&self) -> Result<Vec<redrive_core::Blocked>> {
+        self.0.blocked().await
+    }
 }
 
 impl Replay for Broken {

@@ -210,3 +210,46 @@ async fn each_message_keeps_its_own_limits_so_the_highest_passes_while_they_mix(
     assert_eq!(state["parallelismMax"], json!(3), "the key shows its latest message's limits");
     emu.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_waiting_for_its_retry_does_not_hold_its_keys_parallelism() {
+    let emu = emulator().await;
+    // /fail answers 500 with a long Retry-After; /ok answers at once.
+    let ok_seen = Arc::new(Mutex::new(None::<Instant>));
+    let seen = ok_seen.clone();
+    let app = axum::Router::new()
+        .route(
+            "/fail",
+            axum::routing::post(|| async {
+                (axum::http::StatusCode::INTERNAL_SERVER_ERROR, [("Retry-After", "60")], "down")
+            }),
+        )
+        .route(
+            "/ok",
+            axum::routing::post(move || {
+                let seen = seen.clone();
+                async move {
+                    seen.lock().unwrap().get_or_insert_with(Instant::now);
+                    "ok"
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let fc = [("Upstash-Flow-Control-Key", "one-at-a-time"), ("Upstash-Flow-Control-Value", "parallelism=1")];
+    let started = Instant::now();
+    assert_eq!(publish(&emu, &format!("{base}/fail"), &fc).await.0, 201);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(publish(&emu, &format!("{base}/ok"), &fc).await.0, 201);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ok_seen.lock().unwrap().is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let delivered = *ok_seen.lock().unwrap();
+    assert!(
+        delivered.is_some_and(|at| at.duration_since(started) < Duration::from_secs(5)),
+        "the second message is delivered while the first waits a minute for its retry"
+    );
+    emu.shutdown().await;
+}

@@ -106,7 +106,8 @@ pub struct Capabilities {
 }
 
 impl Default for Capabilities {
-    /// What the in-memory backend can do: everything, at 256 KiB.
+    /// What a queue can be held to at the least, with everything else the in-memory backend does:
+    /// no order per key (a backend that keeps it says so), at 256 KiB.
     fn default() -> Self {
         Self {
             dedupe: Dedupe::Kept,
@@ -118,7 +119,7 @@ impl Default for Capabilities {
             claim_by_kind: true,
             min_lease: Duration::from_millis(1),
             max_delay: Some(Duration::MAX),
-            order_per_key: true,
+            order_per_key: false,
         }
     }
 }

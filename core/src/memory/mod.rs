@@ -254,7 +254,7 @@ impl State {
 
 impl Backend for MemoryBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { max_payload: self.max_payload, ..Capabilities::default() }
+        Capabilities { max_payload: self.max_payload, order_per_key: true, ..Capabilities::default() }
     }
 }
 

@@ -74,6 +74,9 @@ impl DeadLetter for MemoryBackend {
                 state.ledger.remove(&job.job.key);
             }
         }
+        drop(state);
+        // A purged failed job may have held its order key's next job back.
+        self.work.notify_waiters();
         Ok(purged.len() as u64)
     }
 

@@ -113,8 +113,9 @@ pub(crate) async fn run_message(shared: Arc<Shared>, id: String) {
         return;
     }
     loop {
-        // Held for the attempt: the key's in-flight count drops when it ends, however it ends.
-        let _slot = match &first.flow {
+        // Held for the attempt: the key's in-flight count drops when it ends, however it ends,
+        // and before a retry's wait (QStash counts calls in flight, not messages waiting).
+        let slot = match &first.flow {
             Some(flow) => match take_flow_slot(&shared, &first.cancel, flow).await {
                 Some(slot) => Some(slot),
                 None => return,
@@ -129,6 +130,7 @@ pub(crate) async fn run_message(shared: Arc<Shared>, id: String) {
         };
         let signature = util::sign(&key, &msg.url, &msg.body);
         let outcome = attempt(&shared, &msg, &signature).await;
+        drop(slot);
         let delivered = matches!(outcome.status, Some(s) if (200..300).contains(&s));
         tracing::info!(
             message_id = %msg.id,
