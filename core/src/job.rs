@@ -104,7 +104,9 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     /// is queued, running, retrying, or failed with its record open (until the record is
     /// replayed, which keeps the job's place, or discarded). `None` (the default): no order.
     /// Only backends whose [`Capabilities::order_per_key`](crate::kit::Capabilities) is set keep
-    /// it; the others refuse such a job at enqueue rather than run it out of order.
+    /// it; the others refuse such a job at enqueue rather than run it out of order. A key also
+    /// waits behind an earlier job that is not failing: one of a kind no worker handles, one
+    /// scheduled later, one of a paused kind.
     fn order_key(&self) -> Option<String> {
         None
     }
