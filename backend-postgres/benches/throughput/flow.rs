@@ -11,7 +11,7 @@ use redrive_core::{Limits, Rate, WorkerConfig};
 
 use std::sync::atomic::Ordering;
 
-use crate::{BURN_TIMEOUT, BoxResult, CONCURRENCY, Ctx, Figure, ORDER_RUN, burn_down_limited, production, rate};
+use crate::{BURN_TIMEOUT, BoxResult, Burn, CONCURRENCY, Ctx, Figure, ORDER_RUN, burn_down_limited, production, rate};
 
 /// Each cell: its limits, and how many consecutive jobs share a tenant (0: none).
 fn cells() -> [(&'static str, Limits, u64); 4] {
@@ -35,13 +35,18 @@ fn config() -> WorkerConfig {
     WorkerConfig { concurrency: CONCURRENCY, ..WorkerConfig::default() }
 }
 
-/// Runs the cells `rounds` times interleaved; the medians.
-async fn medians(ctx: &Ctx, cells: &[(&'static str, Limits, u64)], rounds: usize) -> BoxResult<Vec<f64>> {
+/// Runs each cell `rounds` times interleaved, by `run`; the medians. `label` names a cell.
+async fn interleaved<C>(
+    cells: &[C],
+    rounds: usize,
+    label: impl Fn(&C) -> &str,
+    run: impl AsyncFn(&C) -> BoxResult<Burn>,
+) -> BoxResult<Vec<f64>> {
     let mut runs: Vec<Vec<f64>> = vec![vec![]; cells.len()];
     for round in 1..=rounds {
-        for (i, (label, limits, tenant_run)) in cells.iter().enumerate() {
-            let burn = burn_down_limited(ctx, config(), FLOW_JOBS, BURN_TIMEOUT, *limits, *tenant_run).await?;
-            println!("- {label} (round {round}): {}", burn.describe());
+        for (i, cell) in cells.iter().enumerate() {
+            let burn = run(cell).await?;
+            println!("- {} (round {round}): {}", label(cell), burn.describe());
             runs[i].push(burn.rate());
         }
     }
@@ -52,6 +57,19 @@ async fn medians(ctx: &Ctx, cells: &[(&'static str, Limits, u64)], rounds: usize
             r[r.len() / 2]
         })
         .collect())
+}
+
+/// The flow cells, `rounds` times interleaved; the medians.
+async fn medians(ctx: &Ctx, cells: &[(&'static str, Limits, u64)], rounds: usize) -> BoxResult<Vec<f64>> {
+    interleaved(
+        cells,
+        rounds,
+        |c| c.0,
+        async |&(_, limits, tenant_run)| {
+            burn_down_limited(ctx, config(), FLOW_JOBS, BURN_TIMEOUT, limits, tenant_run).await
+        },
+    )
+    .await
 }
 
 pub(crate) async fn section(ctx: &Ctx, lifecycle: f64) -> BoxResult<Vec<(String, Figure)>> {
@@ -86,26 +104,20 @@ const ORDER_CELLS: [(&str, u64); 3] = [
     ("order keys, 1,000 accounts of 100 jobs in a row (binding)", 100),
 ];
 
-/// Runs the order cells `rounds` times interleaved; the medians.
+/// The order cells, `rounds` times interleaved; the medians.
 async fn order_medians(ctx: &Ctx, cells: &[(&'static str, u64)], rounds: usize) -> BoxResult<Vec<f64>> {
-    let mut runs: Vec<Vec<f64>> = vec![vec![]; cells.len()];
-    for round in 1..=rounds {
-        for (i, (label, order_run)) in cells.iter().enumerate() {
-            ORDER_RUN.store(*order_run, Ordering::Relaxed);
+    interleaved(
+        cells,
+        rounds,
+        |c| c.0,
+        async |&(_, order_run)| {
+            ORDER_RUN.store(order_run, Ordering::Relaxed);
             let burn = burn_down_limited(ctx, config(), FLOW_JOBS, BURN_TIMEOUT, Limits::default(), 0).await;
             ORDER_RUN.store(0, Ordering::Relaxed);
-            let burn = burn?;
-            println!("- {label} (round {round}): {}", burn.describe());
-            runs[i].push(burn.rate());
-        }
-    }
-    Ok(runs
-        .into_iter()
-        .map(|mut r| {
-            r.sort_by(f64::total_cmp);
-            r[r.len() / 2]
-        })
-        .collect())
+            burn
+        },
+    )
+    .await
 }
 
 pub(crate) async fn order_section(ctx: &Ctx, lifecycle: f64) -> BoxResult<Vec<(String, Figure)>> {
