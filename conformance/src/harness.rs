@@ -43,8 +43,8 @@ impl Job for Probe {
         Some(format!("tenant{}", self.id / 100))
     }
 
-    /// Probes 700 to 799 run in order by their ten (`account70` for ids 700 to 709): see
-    /// [`order_group`].
+    /// Probes 700 to 799 run in order by their ten (`account70` for ids 700 to 709), for
+    /// [`ordered_through_failure`](crate::ordered_through_failure).
     fn order_key(&self) -> Option<String> {
         order_group(self.id).map(|group| format!("account{group}"))
     }
