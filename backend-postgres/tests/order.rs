@@ -218,3 +218,47 @@ async fn a_chain_of_one_keys_events_runs_without_waiting_for_polls() {
     assert_eq!(*done.lock().unwrap(), 5, "every event of the key ran");
     assert!(took < Duration::from_secs(3), "five events in a chain took {took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_ordered_job_and_a_freeing_discard_tell_the_workers_at_commit() {
+    use redrive_core::DeadLetter;
+    let backend = common::backend("order_notify").await;
+    let mut listener = sqlx::postgres::PgListener::connect(&common::database_url()).await.unwrap();
+    listener.listen(&format!("redrive_{}", backend.schema())).await.unwrap();
+    // What the listener hears within `within`, after what came before is drained.
+    async fn heard(listener: &mut sqlx::postgres::PgListener, within: Duration) -> bool {
+        tokio::time::timeout(within, listener.recv()).await.is_ok()
+    }
+    let quiet =
+        async |listener: &mut sqlx::postgres::PgListener| while heard(listener, Duration::from_millis(300)).await {};
+    let claimed = |backend: &redrive_postgres::PgBackend| {
+        let backend = backend.clone();
+        async move { backend.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap() }
+    };
+
+    let unordered = NewJob::new(
+        "plain",
+        redrive_core::IdempotencyKey::builder("plain").fact("n", 1).build().unwrap(),
+        serde_json::json!({}),
+    )
+    .unwrap();
+    backend.enqueue(unordered).await.unwrap();
+    quiet(&mut listener).await;
+    let job = claimed(&backend).await;
+    backend.complete(&job[0].lease, None).await.unwrap();
+    assert!(!heard(&mut listener, Duration::from_millis(500)).await, "a job without an order key wakes nobody");
+
+    backend.enqueue(event(1, 0)).await.unwrap();
+    quiet(&mut listener).await;
+    let job = claimed(&backend).await;
+    backend.complete(&job[0].lease, None).await.unwrap();
+    assert!(heard(&mut listener, Duration::from_secs(2)).await, "the next job of the key may run: the workers hear it");
+
+    backend.enqueue(event(1, 1)).await.unwrap();
+    let job = claimed(&backend).await;
+    backend.dead_letter(&job[0], "the CRM said no").await.unwrap();
+    quiet(&mut listener).await;
+    let record = backend.blocked().await.unwrap()[0].record.clone();
+    backend.discard(&record, "superseded", "ada").await.unwrap();
+    assert!(heard(&mut listener, Duration::from_secs(2)).await, "the discard freed the key: the workers hear it");
+}

@@ -29,8 +29,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use redrive_core::kit::payload_fingerprint;
 use redrive_core::{BoxFuture, Flow, KindFlow, Limits, Rate, Result};
-use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::warn;
 
@@ -115,9 +115,8 @@ impl FlowHeaders {
 /// (or staging and production) on one token, sending the same kind, get two keys. Letters,
 /// digits and `-`, 40 characters.
 pub(crate) fn key(destination: &str, kind: &str) -> String {
-    let digest = Sha256::digest(format!("redrive-flow\n{destination}\n{kind}"));
-    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
-    format!("redrive-{hex}")
+    let digest = payload_fingerprint(&serde_json::json!(["redrive-flow", destination, kind]));
+    format!("redrive-{}", &digest[..32])
 }
 
 /// `parallelism=…, rate=…, period=…s` for the limits QStash can hold; `None` when none.
