@@ -393,6 +393,16 @@ impl Replay for AnyBackend {
     async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
         on!(self, b => b.replay(id, reason, actor).await)
     }
+
+    async fn replay_amended(
+        &self,
+        id: &FailureId,
+        payload: &serde_json::Value,
+        reason: &str,
+        actor: &str,
+    ) -> Result<ReplayOutcome> {
+        on!(self, b => b.replay_amended(id, payload, reason, actor).await)
+    }
 }
 
 impl QueueStats for AnyBackend {

@@ -153,8 +153,14 @@ fn statements() -> Vec<Statement> {
         Statement {
             name: "replay",
             sql: file!("replay"),
-            types: "bigint, text, text",
-            args: |_| "1, '', 'ops'".into(),
+            types: "bigint, text, text, jsonb, text",
+            args: |_| "1, '', 'ops', NULL, NULL".into(),
+        },
+        Statement {
+            name: "replay amended",
+            sql: file!("replay"),
+            types: "bigint, text, text, jsonb, text",
+            args: |_| "1, 'typo', 'ops', '{}', 'a fingerprint'".into(),
         },
         Statement { name: "purge", sql: file!("purge"), types: "float8", args: |_| "0".into() },
         Statement {

@@ -3,5 +3,5 @@
 UPDATE redrive_broker_records
 SET state = ?3, closed = ?4, replay_until = NULL
 WHERE queue = ?1 AND id = ?2
-  AND ((state = 'open' OR (state = 'replaying' AND replay_until < ?6)) OR (?5 AND state = 'replaying'))
+  AND ((state = 'open' OR (state = 'taken' AND replay_until < ?6)) OR (?5 AND state = 'taken'))
 RETURNING seq

@@ -2,11 +2,11 @@
 -- ?2 kind, ?3 open (1, 0 or NULL), ?4 failed before (ms), ?5 key, ?6 job id, ?7 after seq,
 -- ?8 limit, ?9 now (ms).
 SELECT seq, record, state, closed,
-       (state = 'open' OR (state = 'replaying' AND replay_until < ?9)) AS unclosed
+       (state = 'open' OR (state = 'taken' AND replay_until < ?9)) AS unclosed
 FROM redrive_broker_records
 WHERE queue = ?1
   AND (?2 IS NULL OR kind = ?2)
-  AND (?3 IS NULL OR (state = 'open' OR (state = 'replaying' AND replay_until < ?9)) = ?3)
+  AND (?3 IS NULL OR (state = 'open' OR (state = 'taken' AND replay_until < ?9)) = ?3)
   AND (?4 IS NULL OR last_failed_at < ?4)
   AND (?5 IS NULL OR idempotency_key = ?5)
   AND (?6 IS NULL OR job_id = ?6)

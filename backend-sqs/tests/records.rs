@@ -149,7 +149,7 @@ async fn two_processes_replaying_one_record_at_the_same_moment_send_one_message(
         let replayed = outcomes.iter().filter(|o| matches!(o, ReplayOutcome::Replayed(_))).count();
         assert_eq!(replayed, 1, "record {id}: {outcomes:?}");
         assert!(
-            outcomes.iter().any(|o| matches!(o, ReplayOutcome::AlreadyClosed(RecordState::Replayed { .. }))),
+            outcomes.iter().any(|o| matches!(o, ReplayOutcome::AlreadyClosed(RecordState::Replaying { .. }))),
             "record {id}: the other finds it replayed: {outcomes:?}"
         );
     }
@@ -171,13 +171,13 @@ async fn a_replay_stopped_after_its_send_sends_nothing_more_when_retried_from_an
     first.fail_replays_after_send(false);
     for queue in [&first, &second, &first] {
         let outcome = queue.replay(&id, "", "ops").await.unwrap();
-        assert!(matches!(outcome, ReplayOutcome::AlreadyClosed(RecordState::Replayed { .. })), "{outcome:?}");
+        assert!(matches!(outcome, ReplayOutcome::AlreadyClosed(RecordState::Replaying { .. })), "{outcome:?}");
     }
-    assert!(matches!(second.get(&id).await.unwrap().state, RecordState::Replayed { .. }));
+    assert!(matches!(second.get(&id).await.unwrap().state, RecordState::Replaying { .. }));
     assert_eq!(second.count_open().await.unwrap(), 0);
     assert_eq!(messages_on(&first).await, 1, "the one send before the stop");
 
     // A discard of a replayed record changes nothing.
     second.discard(&id, "duplicate", "ops").await.unwrap();
-    assert!(matches!(first.get(&id).await.unwrap().state, RecordState::Replayed { .. }));
+    assert!(matches!(first.get(&id).await.unwrap().state, RecordState::Replaying { .. }));
 }

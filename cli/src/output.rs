@@ -21,18 +21,33 @@ fn short(text: &str, max: usize) -> String {
 }
 
 fn state(state: &RecordState) -> String {
+    let when = |at: &DateTime<Utc>| at.format("%Y-%m-%d %H:%M:%S").to_string();
+    let replayed = |at: &DateTime<Utc>, reason: &str, actor: &str, amended: bool| {
+        let mut text = format!("replayed {}", when(at));
+        if amended {
+            text += " with an amended payload";
+        }
+        if !actor.is_empty() {
+            text += &format!(" by {actor}");
+        }
+        if !reason.is_empty() {
+            text += &format!(": {reason}");
+        }
+        text
+    };
     match state {
         RecordState::Open => "open".into(),
-        RecordState::Replayed { at, reason, actor } => {
-            let mut text = format!("replayed {}", at.format("%Y-%m-%d %H:%M"));
-            if !actor.is_empty() {
-                text += &format!(" by {actor}");
-            }
-            if !reason.is_empty() {
-                text += &format!(": {reason}");
-            }
-            text
+        RecordState::Replaying { at, reason, actor, amended } => {
+            format!("replaying: {}; waiting for its job's effect", replayed(at, reason, actor, *amended))
         }
+        RecordState::Confirmed { at, reason, actor, amended, confirmed_at } => {
+            format!("confirmed {}: its effect done once; {}", when(confirmed_at), replayed(at, reason, actor, *amended))
+        }
+        RecordState::FailedAgain { at, reason, actor, amended, failed_at, next } => format!(
+            "failed again {} as record {next} (see `redrive failed show {next}`); {}",
+            when(failed_at),
+            replayed(at, reason, actor, *amended)
+        ),
         RecordState::Discarded { at, reason, actor } => {
             format!("discarded {} by {actor}: {reason}", at.format("%Y-%m-%d %H:%M"))
         }
@@ -116,6 +131,9 @@ impl Output {
         println!("provider key  {}", r.provider_key);
         println!("severity      {}", format!("{:?}", r.severity).to_lowercase());
         println!("state         {}", state(&r.state));
+        if let Some(earlier) = &r.replay_of {
+            println!("replay of     record {earlier}: its replayed job failed again into this one");
+        }
         println!("attempts      {} of {}", r.attempts, r.cap);
         println!(
             "failed        {} to {} (UTC)",
@@ -131,6 +149,13 @@ impl Output {
         let payload = serde_json::to_string_pretty(&r.payload).expect("serializes");
         for line in payload.lines() {
             println!("  {line}");
+        }
+        if let Some(amended) = &r.amended {
+            println!("amended payload (replayed in place of the one above)");
+            let amended = serde_json::to_string_pretty(amended).expect("serializes");
+            for line in amended.lines() {
+                println!("  {line}");
+            }
         }
     }
 

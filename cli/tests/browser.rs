@@ -68,7 +68,7 @@ async fn an_operator_signs_in_reads_discards_and_replays_in_chromium() {
     }
     let replayed = db.get(&FailureId(done["replayed"].as_str().unwrap().into())).await.unwrap();
     assert!(
-        matches!(&replayed.state, RecordState::Replayed { reason, actor, .. } if reason == "carrier back" && actor == "grace"),
+        matches!(&replayed.state, RecordState::Replaying { reason, actor, .. } if reason == "carrier back" && actor == "grace"),
         "{:?}",
         replayed.state
     );

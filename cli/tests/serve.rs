@@ -62,7 +62,7 @@ async fn operate(backend: &str, schema: &str, queue: &impl DeadLetter) -> Idempo
     assert_eq!(done.unwrap().headers()["location"], format!("/records/{replay}?done=replayed").as_str());
 
     assert!(matches!(queue.get(&records[0].id).await.unwrap().state, RecordState::Discarded { .. }));
-    assert!(matches!(queue.get(&records[1].id).await.unwrap().state, RecordState::Replayed { .. }));
+    assert!(matches!(queue.get(&records[1].id).await.unwrap().state, RecordState::Replaying { .. }));
 
     drop(served); // the process is killed
     let (_served, url) = serve(backend, schema, None);

@@ -411,7 +411,10 @@ pub async fn racing_replays<Q: Queue, L: Ledger + Clone + 'static>(subject: Subj
         ensure!(run, replayed == 1, "two replays at once should put the job back once, answered {outcomes:?}");
         ensure!(
             run,
-            outcomes.iter().any(|o| matches!(o, ReplayOutcome::AlreadyClosed(RecordState::Replayed { .. }))),
+            outcomes.iter().any(|o| matches!(
+                o,
+                ReplayOutcome::AlreadyClosed(RecordState::Replaying { .. } | RecordState::Confirmed { .. })
+            )),
             "the other replay should find the record replayed, answered {outcomes:?}"
         );
     }

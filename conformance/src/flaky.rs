@@ -42,6 +42,9 @@ impl<S: RecordStore> RecordStore for FlakyStore<S> {
     fn record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<FailureRecord>> {
         self.store.record(queue, id)
     }
+    fn confirm_record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<bool>> {
+        self.store.confirm_record(queue, id)
+    }
     fn open_records<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64>> {
         self.store.open_records(queue)
     }

@@ -145,6 +145,10 @@ impl<T: Claim> Claim for Frozen<T> {
         }
         record
     }
+    async fn confirm_replay(&self, record: &FailureId) -> R<()> {
+        self.alive().await;
+        self.inner.confirm_replay(record).await
+    }
     fn renewal(&self) -> Option<&impl Renew> {
         self.inner.renewal().map(|_| self)
     }
@@ -243,6 +247,9 @@ macro_rules! forward_settlements {
             error: &str,
         ) -> redrive_core::Result<Option<redrive_core::FailureRecord>> {
             self.inner.dead_letter(job, error).await
+        }
+        async fn confirm_replay(&self, record: &redrive_core::FailureId) -> redrive_core::Result<()> {
+            self.inner.confirm_replay(record).await
         }
         fn renewal(&self) -> Option<&impl redrive_core::kit::Renew> {
             self.inner.renewal().map(|_| self)

@@ -151,6 +151,8 @@ pub(crate) enum Fault {
     Takes(Duration),
     /// Fails (retryably, as a provider's 503) while the script's outage lasts; succeeds after.
     Outage,
+    /// Fails permanently while its body says "malformed" (the data is the cause).
+    Malformed,
 }
 
 #[derive(Default)]
@@ -293,6 +295,9 @@ impl Script {
                 return Err(JobError::permanent(format!("forced permanent failure of probe {}", job.id)));
             }
             Some(Fault::Takes(time)) => tokio::time::sleep(time).await,
+            Some(Fault::Malformed) if job.body.contains("malformed") => {
+                return Err(JobError::permanent(format!("probe {}: the address does not parse", job.id)));
+            }
             Some(Fault::Outage) if self.outage.load(Ordering::SeqCst) => {
                 return Err(JobError::retry("the provider answered 503 Service Unavailable"));
             }

@@ -15,14 +15,15 @@
 //! that nothing else reads: each capability is a promise the suite checks. The last are flow
 //! control: a handler's "not now", a timeout per kind, a paused kind, a circuit breaker through an
 //! outage, a rate limit, and concurrency limits per kind and per key (kept in the ledger's flow
-//! store, shared by every worker), and order per key through a failure.
+//! store, shared by every worker), and order per key through a failure. Then replays settled by
+//! their job: failed again, and amended.
 //!
 //! | # | scenario | the invariant |
 //! |---|---|---|
 //! | 1 | [`replay`] | the same job enqueued twice: one effect |
 //! | 2 | [`race`] | two workers given the same job at once: one effect, one recorded skip |
 //! | 3 | [`exhaust`] | an always-failing job: `cap` attempts, one full failure record, one alert |
-//! | 4 | [`recover`] | replay from the record: the effect once, the record closed with who and why, a second replay inert |
+//! | 4 | [`recover`] | replay from the record: replaying until the effect happens once, then confirmed, with who and why; a second replay inert |
 //! | 5 | [`key_conflict`] | the same key with another payload: a typed error, nothing changed |
 //! | 6 | [`undecodable`] | a payload that does not decode: a failure record at once, no retries |
 //! | 7 | [`oversized`] | a payload over the limit: a typed error, nothing sent |
@@ -61,6 +62,8 @@
 //! | 40 | [`kind_concurrency`] | a concurrency limit per kind across two workers: never more at once, every job once |
 //! | 41 | [`key_concurrency`] | a concurrency limit per key: one tenant one at a time, the others not held behind it |
 //! | 42 | [`ordered_through_failure`] | jobs of one order key: in enqueue order, one at a time, held behind an open record until its replay or discard; refused where order is not kept |
+//! | 43 | [`replay_failed_again`] | a replay whose job fails again: the old record names the new one and the new one it, never confirmed; the new one's replay confirmed |
+//! | 44 | [`amended_replay`] | a replay with a corrected payload under the same keys: audited, run once with it, both payloads kept, confirmed; a plain enqueue of another payload still a `KeyConflict`; refused where the backend cannot amend |
 //!
 //! # Running it against your backend
 //!
@@ -111,6 +114,7 @@ mod order;
 mod process;
 mod receipts;
 mod records;
+mod replays;
 mod scenarios;
 mod schedule;
 mod settling;
@@ -135,6 +139,7 @@ pub use receipts::*;
 pub use records::check_record_store;
 use redrive_core::kit::Claim;
 use redrive_core::{DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};
+pub use replays::{amended_replay, replay_failed_again};
 pub use scenarios::*;
 pub use schedule::{expired, scheduled};
 pub use settling::settle_retried;
@@ -288,7 +293,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 42] = [
+pub const SCENARIOS: [&str; 44] = [
     "replay",
     "race",
     "exhaust",
@@ -331,6 +336,8 @@ pub const SCENARIOS: [&str; 42] = [
     "kind_concurrency",
     "key_concurrency",
     "ordered_through_failure",
+    "replay_failed_again",
+    "amended_replay",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -344,7 +351,7 @@ macro_rules! suite {
             alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled
             settle_retried payload_limits no_receipt_in_logs atomic_batch claim_by_kind crash_refunds max_delay
             not_now timeout paused_kind outage_storm rate_limited kind_concurrency key_concurrency
-            ordered_through_failure);
+            ordered_through_failure replay_failed_again amended_replay);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(
@@ -377,5 +384,7 @@ pub fn sample_record(n: u32, payload: serde_json::Value) -> redrive_core::Failur
         first_failed_at: now,
         last_failed_at: now,
         state: redrive_core::RecordState::Open,
+        replay_of: None,
+        amended: None,
     }
 }

@@ -144,9 +144,9 @@ pub async fn exhaust<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, 
     run.report(&[], &[3]).await
 }
 
-/// Behaviour 4: Remove the fault, replay the record with its original key: the effect happens once, the
-/// record is closed as replayed, with who and why; replaying it again does nothing more. Replay by
-/// filter too. A replay by nobody is refused.
+/// Behaviour 4: Remove the fault, replay the record with its original key: the record is
+/// replaying until the effect happens, once, and then confirmed, with who replayed it and why;
+/// replaying it again does nothing more. Replay by filter too. A replay by nobody is refused.
 pub async fn recover<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("recover", subject);
     let job = exhaust_one(&run, 4).await?;
@@ -180,14 +180,23 @@ pub async fn recover<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, 
         replayed.len()
     );
 
+    // Sent, not yet done: the record says so until the effect is seen (the seed's step 6).
+    let sent = run.must("get", run.s.queue.get(&record.id).await)?;
+    ensure!(
+        run,
+        matches!(sent.state, RecordState::Replaying { .. }),
+        "a replayed record should be replaying until its job's effect is done, is {:?}",
+        sent.state
+    );
     let worker = run.worker(2);
     run.wait_for_effects(2).await?;
     let again = run.must("second replay", run.s.queue.replay(&record.id, "", "someone else").await)?;
     ensure!(
         run,
-        matches!(again, ReplayOutcome::AlreadyClosed(RecordState::Replayed { .. })),
+        matches!(again, ReplayOutcome::AlreadyClosed(RecordState::Replaying { .. } | RecordState::Confirmed { .. })),
         "a second replay should find the record closed, got {again:?}"
     );
+    wait_confirmed(&run, &record.id).await?;
     run.settle().await;
     worker.shutdown().await;
 
@@ -208,12 +217,31 @@ pub async fn recover<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, 
         let state = record.map(|r| &r.state);
         ensure!(
             run,
-            matches!(state, Some(RecordState::Replayed { reason: r, actor: a, .. }) if r == reason && a == actor),
-            "the record should be closed as replayed by {actor} ({reason}), is {state:?}"
+            matches!(state, Some(RecordState::Confirmed { reason: r, actor: a, at, confirmed_at, .. })
+                if r == reason && a == actor && confirmed_at >= at),
+            "the record should be confirmed, replayed by {actor} ({reason}) and its effect seen after, is {state:?}"
         );
     }
     ensure!(run, run.must("count", run.s.queue.count_open().await)? == 0, "no record should stay open");
     run.report(&[4, 5], &[]).await
+}
+
+/// Waits until record `id` is confirmed: its replayed job's effect is done and the backend has
+/// said so (the worker confirms just before it completes).
+pub(crate) async fn wait_confirmed<Q: Queue, L: Ledger + Clone + 'static>(
+    run: &Run<Q, L>,
+    id: &redrive_core::FailureId,
+) -> Result<(), crate::Violation> {
+    let queue = run.s.queue.clone();
+    let found = run
+        .wait_for("the replayed record's confirmation", || {
+            let (queue, id) = (queue.clone(), id.clone());
+            async move { queue.get(&id).await.is_ok_and(|r| matches!(r.state, RecordState::Confirmed { .. })) }
+        })
+        .await;
+    found.map_err(|v| {
+        run.fail(format!("{}: the replayed job's effect is done, and record {id} was never confirmed", v.message))
+    })
 }
 
 /// Behaviour 5: The same key with another payload is a typed error and changes nothing. A backend without

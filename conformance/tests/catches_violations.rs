@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive_conformance::{Subject, Timing};
-use redrive_core::kit::{Backend, Begin, Capabilities, Claim, Claimed, Hold, Kinds, Lease, Ledger, Renew};
+use redrive_core::kit::{
+    Backend, Begin, Capabilities, Claim, Claimed, Hold, Kinds, Lease, Ledger, Renew, require_audit,
+};
 use redrive_core::{
     DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery, FailureRecord, IdempotencyKey, MemoryBackend, NewJob,
     ProviderKey, RecordState, Replay, ReplayOutcome, Result,
@@ -100,6 +102,14 @@ enum Fault {
     IgnoresOrder,
     /// Declares no order per key, yet takes jobs with an order key and runs them unordered.
     AcceptsUnordered,
+    /// A replayed record reads as confirmed as soon as it is replayed, before its job ran (what
+    /// the dashboard and command showed before replays were confirmed by their effect).
+    ConfirmsAtSend,
+    /// A replayed record reads as confirmed whatever its job came to: a replay that failed
+    /// again closes the incident.
+    ConfirmsFailures,
+    /// An amended replay replays the record's own payload, dropping the correction.
+    AmendIgnored,
 }
 
 impl Broken {
@@ -255,6 +265,9 @@ impl Claim for Broken {
         }
         self.0.dead_letter(job, error).await
     }
+    async fn confirm_replay(&self, record: &FailureId) -> Result<()> {
+        self.0.confirm_replay(record).await
+    }
     fn renewal(&self) -> Option<&impl Renew> {
         Some(self)
     }
@@ -274,10 +287,22 @@ impl Broken {
     /// `record` as this backend reads it back.
     fn stored(&self, mut record: FailureRecord) -> FailureRecord {
         if self.has(Fault::ReplayForgetsWho)
-            && let RecordState::Replayed { reason, actor, .. } = &mut record.state
+            && let RecordState::Replaying { reason, actor, .. } | RecordState::Confirmed { reason, actor, .. } =
+                &mut record.state
         {
             reason.clear();
             actor.clear();
+        }
+        let confirmed = |state: &RecordState| state.confirmed(Utc::now());
+        if self.has(Fault::ConfirmsAtSend)
+            && let Some(confirmed) = confirmed(&record.state)
+        {
+            record.state = confirmed;
+        }
+        if self.has(Fault::ConfirmsFailures)
+            && let RecordState::FailedAgain { at, reason, actor, amended, .. } = record.state.clone()
+        {
+            record.state = RecordState::Confirmed { at, reason, actor, amended, confirmed_at: Utc::now() };
         }
         record
     }
@@ -319,6 +344,19 @@ impl Replay for Broken {
             }
             outcome => Ok(outcome),
         }
+    }
+    async fn replay_amended(
+        &self,
+        id: &FailureId,
+        payload: &Value,
+        reason: &str,
+        actor: &str,
+    ) -> Result<ReplayOutcome> {
+        if self.has(Fault::AmendIgnored) {
+            require_audit("an amended replay's reason", reason)?;
+            return self.0.replay(id, reason, actor).await;
+        }
+        self.0.replay_amended(id, payload, reason, actor).await
     }
 }
 
@@ -520,7 +558,26 @@ async fn a_discard_without_a_reason_fails_discard_and_purge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_that_forgets_who_fails_recover() {
     let violation = redrive_conformance::recover(broken(&[Fault::ReplayForgetsWho], timing())).await.unwrap_err();
-    assert!(violation.message.contains("closed as replayed by ops@example.com"), "{violation}");
+    assert!(violation.message.contains("replayed by ops@example.com"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_confirmed_when_the_replay_is_sent_fails_recover() {
+    let violation = redrive_conformance::recover(broken(&[Fault::ConfirmsAtSend], timing())).await.unwrap_err();
+    assert!(violation.message.contains("should be replaying until its job's effect is done"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_failed_again_read_as_confirmed_fails_replay_failed_again() {
+    let subject = broken(&[Fault::ConfirmsFailures], timing());
+    let violation = redrive_conformance::replay_failed_again(subject).await.unwrap_err();
+    assert!(violation.message.contains("should say its job failed again into record"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_amended_replay_that_drops_the_correction_fails_amended_replay() {
+    let violation = redrive_conformance::amended_replay(broken(&[Fault::AmendIgnored], timing())).await.unwrap_err();
+    assert!(violation.message.contains("timed out waiting for 1 effect"), "{violation}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

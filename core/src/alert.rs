@@ -277,6 +277,8 @@ mod tests {
                 first_failed_at: now,
                 last_failed_at: now,
                 state: RecordState::Open,
+                replay_of: None,
+                amended: None,
             },
             raised_at: now,
             reminder: 0,

@@ -5,6 +5,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::backend::FailureId;
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{JobId, JobRecord, NewJob, Severity};
 use crate::key::{IdempotencyKey, ProviderKey, check_name};
@@ -40,6 +41,10 @@ pub struct Envelope {
     /// earlier puts it back until then. Absent: at once.
     #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "millis_opt")]
     pub not_before: Option<DateTime<Utc>>,
+    /// The failure record this job replays (its id in the queue's record store): set by a
+    /// replay, absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<FailureId>,
     /// The job's payload.
     pub payload: Value,
 }
@@ -57,6 +62,7 @@ impl Envelope {
             enqueued_at: Utc::now(),
             deadline: job.deadline,
             not_before: job.not_before,
+            replay_of: job.replay_of.clone(),
             payload: job.payload.clone(),
         }
     }
@@ -74,6 +80,7 @@ impl Envelope {
             enqueued_at: job.enqueued_at,
             deadline: job.deadline,
             not_before: job.not_before,
+            replay_of: job.replay_of.clone(),
             payload: job.payload.clone(),
         }
     }
@@ -96,6 +103,7 @@ impl Envelope {
             not_before: self.not_before,
             stranded: 0,
             undecodable,
+            replay_of: self.replay_of,
         }
     }
 
@@ -202,6 +210,6 @@ mod tests {
 }
 
 debug_redacted!(Envelope {
-    show: [v, kind, key, provider_key, cap, severity, enqueued_at, deadline, not_before],
+    show: [v, kind, key, provider_key, cap, severity, enqueued_at, deadline, not_before, replay_of],
     hide: [payload]
 });

@@ -135,6 +135,10 @@ pub struct NewJob {
     pub not_before: Option<DateTime<Utc>>,
     /// Runs after every earlier job of this order key is done (see [`Job::order_key`]).
     pub order_key: Option<String>,
+    /// The failure record this job replays, set by a broker's [`Replay`](crate::Replay): the
+    /// job's settlement confirms that record or links it to the next. A producer leaves it
+    /// `None`.
+    pub replay_of: Option<crate::backend::FailureId>,
 }
 
 impl NewJob {
@@ -169,6 +173,7 @@ impl NewJob {
             deadline: None,
             not_before: None,
             order_key: None,
+            replay_of: None,
         })
     }
 
@@ -353,6 +358,10 @@ pub struct JobRecord {
     /// as a decode failure at once, and never hands it to a handler; `kind` and `payload` are
     /// then stand-ins (the payload holds the raw body for a person to read).
     pub undecodable: Option<String>,
+    /// The failure record this job replays, where the job travels apart from its record (a
+    /// broker's message): settled, the job confirms that record ([`Claim::confirm_replay`](crate::Claim::confirm_replay))
+    /// or its new record names it. `None` where the backend keeps the link itself.
+    pub replay_of: Option<crate::backend::FailureId>,
 }
 
 /// What a handler knows about the job it runs.
@@ -517,7 +526,7 @@ mod tests {
 }
 
 debug_redacted!(NewJob {
-    show: [kind, key, provider_key, cap, severity, deadline, not_before, order_key],
+    show: [kind, key, provider_key, cap, severity, deadline, not_before, order_key, replay_of],
     hide: [payload]
 });
 debug_redacted!(JobRecord {
@@ -533,7 +542,8 @@ debug_redacted!(JobRecord {
         deadline,
         not_before,
         stranded,
-        undecodable
+        undecodable,
+        replay_of
     ],
     hide: [payload],
 });

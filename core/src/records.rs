@@ -34,7 +34,9 @@ pub enum Taken {
 /// the effect to one).
 pub trait RecordStore: Send + Sync + 'static {
     /// Keeps `records` (each open) unless a record with the same id is kept; returns how many
-    /// were new. Idempotent: a worker or a drain that retries writes nothing twice.
+    /// were new. Idempotent: a worker or a drain that retries writes nothing twice. A new record
+    /// that names the record it replays ([`FailureRecord::replay_of`]) settles that one as
+    /// [`RecordState::FailedAgain`], naming it, in the same write.
     fn keep_records<'a>(&'a self, queue: &'a str, records: &'a [FailureRecord]) -> BoxFuture<'a, Result<u64>>;
 
     /// Records matching `query`, oldest first, one page (see [`FailureQuery::after`]).
@@ -64,6 +66,13 @@ pub trait RecordStore: Send + Sync + 'static {
         id: &'a FailureId,
         state: &'a RecordState,
     ) -> BoxFuture<'a, Result<Option<RecordState>>>;
+
+    /// Settles a replaying record: `state` is what its replayed job came to
+    /// ([`RecordState::Confirmed`], built from the record's replaying state). A record that is
+    /// not replaying is left as it is; one still taken by its replay (the job ran before the
+    /// replay closed it) is settled, and the replay's close then adds its actor and reason.
+    /// Returns whether it changed.
+    fn confirm_record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<bool>>;
 
     /// Deletes records (any state) whose last failure is older than `age`, payloads included;
     /// returns how many.

@@ -48,6 +48,7 @@ mod tests {
             not_before: None,
             stranded: 0,
             undecodable: None,
+            replay_of: None,
         };
         let lease = Lease { job_id: job.id.clone(), token: CANARY.into() };
         let hold =
@@ -67,6 +68,8 @@ mod tests {
             first_failed_at: job.enqueued_at,
             last_failed_at: job.enqueued_at,
             state: RecordState::Open,
+            replay_of: None,
+            amended: Some(json!({ "card": CANARY })),
         };
         let envelope = Envelope::new(&new);
         for debug in [

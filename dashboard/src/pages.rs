@@ -192,7 +192,10 @@ async fn record<B: Records>(State(app): Shared<B>, Path(id): Path<String>, Query
         Err(e) => return failed(e),
     };
     let notice = match notice.done.as_str() {
-        "replayed" => Some("Replayed: the job is back on the queue with its original keys.".to_owned()),
+        "replayed" => Some(
+            "Replayed: the job is back on the queue with its original keys. The record is confirmed once its effect is done."
+                .to_owned(),
+        ),
         "closed" => Some("Already closed: nothing was sent again.".to_owned()),
         "discarded" => Some("Discarded.".to_owned()),
         _ => None,
@@ -428,7 +431,10 @@ async fn audit<B: Records>(State(app): Shared<B>) -> Response {
         Err(response) => return response,
     };
     let closed_at = |r: &FailureRecord| match &r.state {
-        RecordState::Replayed { at, .. } | RecordState::Discarded { at, .. } => *at,
+        RecordState::Replaying { at, .. }
+        | RecordState::Confirmed { at, .. }
+        | RecordState::FailedAgain { at, .. }
+        | RecordState::Discarded { at, .. } => *at,
         RecordState::Open => r.last_failed_at,
     };
     closed.sort_by_key(|r| std::cmp::Reverse(closed_at(r)));

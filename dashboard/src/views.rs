@@ -30,18 +30,42 @@ pub(crate) fn short(text: &str, max: usize) -> String {
 }
 
 pub(crate) fn state_name(state: &RecordState) -> String {
+    let amended = |amended: &bool| if *amended { " with an amended payload" } else { "" };
     match state {
         RecordState::Open => "open".into(),
-        RecordState::Replayed { at, reason, actor } => format!("replayed {}{}", time(*at), by_for(actor, reason)),
+        RecordState::Replaying { at, reason, actor, amended: a } => format!(
+            "replaying since {}{}{}: waiting for its job's effect",
+            time(*at),
+            amended(a),
+            by_for(actor, reason)
+        ),
+        RecordState::Confirmed { at, reason, actor, amended: a, confirmed_at } => format!(
+            "confirmed {}: its effect done once, replayed {}{}{}",
+            time(*confirmed_at),
+            time(*at),
+            amended(a),
+            by_for(actor, reason)
+        ),
+        RecordState::FailedAgain { at, reason, actor, amended: a, failed_at, next } => format!(
+            "failed again {} as record {next}, replayed {}{}{}",
+            time(*failed_at),
+            time(*at),
+            amended(a),
+            by_for(actor, reason)
+        ),
         RecordState::Discarded { at, reason, actor } => format!("discarded {}{}", time(*at), by_for(actor, reason)),
     }
 }
 
-/// How a record was closed, by whom and why: `replayed by ada: fixed in 1.4.2`.
+/// How a record was closed, by whom and why: `replayed by ada: fixed in 1.4.2, confirmed`.
 pub(crate) fn closed_how(state: &RecordState) -> String {
     match state {
         RecordState::Open => "open".into(),
-        RecordState::Replayed { reason, actor, .. } => format!("replayed{}", by_for(actor, reason)),
+        RecordState::Replaying { reason, actor, .. } => format!("replayed{}, not confirmed yet", by_for(actor, reason)),
+        RecordState::Confirmed { reason, actor, .. } => format!("replayed{}, confirmed", by_for(actor, reason)),
+        RecordState::FailedAgain { reason, actor, next, .. } => {
+            format!("replayed{}, failed again as record {next}", by_for(actor, reason))
+        }
         RecordState::Discarded { reason, actor, .. } => format!("discarded{}", by_for(actor, reason)),
     }
 }

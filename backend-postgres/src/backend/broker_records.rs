@@ -49,7 +49,7 @@ impl RecordStore for PgBackend {
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| db(e, "keep failure records"))?;
-            let kept = q(&self.inner.sql.broker_keep)
+            let kept: i64 = q(&self.inner.sql.broker_keep)
                 .bind(queue)
                 .bind(column(|r| r.id.0.clone()))
                 .bind(column(|r| r.job_id.0.clone()))
@@ -57,11 +57,12 @@ impl RecordStore for PgBackend {
                 .bind(column(|r| r.key.as_str().to_owned()))
                 .bind(records.iter().map(|r| r.last_failed_at).collect::<Vec<_>>())
                 .bind(bodies)
-                .execute(&mut *tx)
+                .fetch_one(&mut *tx)
                 .await
-                .map_err(|e| db(e, "keep failure records"))?;
+                .map_err(|e| db(e, "keep failure records"))?
+                .get("kept");
             tx.commit().await.map_err(|e| db(e, "keep failure records"))?;
-            Ok(kept.rows_affected())
+            Ok(kept.max(0) as u64)
         })
     }
 
@@ -163,6 +164,18 @@ impl RecordStore for PgBackend {
                 Some(_) => Ok(None),
                 None => Ok(Some(self.record(queue, id).await?.state)),
             }
+        })
+    }
+
+    fn confirm_record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let confirmed = q(&self.inner.sql.broker_confirm)
+                .bind(queue)
+                .bind(&id.0)
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "confirm a replayed record"))?;
+            Ok(confirmed.is_some())
         })
     }
 

@@ -183,6 +183,8 @@ fn claimed_from(row: &PgRow) -> Result<Claimed> {
             not_before: None,
             stranded: row.get::<i32, _>("stranded").max(0) as u32,
             undecodable: None,
+            // Its completion confirms its replayed record in SQL.
+            replay_of: None,
         },
         lease,
         begun: Some(begun),
@@ -261,6 +263,12 @@ impl Claim for PgBackend {
             .await
             .map_err(|e| db(e, "dead-letter"))?;
         record_from(&row.ok_or_else(|| lease_lost(&claimed.lease))?).map(Some)
+    }
+
+    /// Never asked: its jobs carry no `replay_of`, their completion confirms the record in the
+    /// same transaction.
+    async fn confirm_replay(&self, _record: &redrive_core::FailureId) -> Result<()> {
+        Ok(())
     }
 
     fn renewal(&self) -> Option<&impl Renew> {

@@ -3,11 +3,12 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redrive_core::kit::{AttemptError, require_audit};
+use redrive_core::kit::{AttemptError, payload_fingerprint, require_audit};
 use redrive_core::{
-    Blocked, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey, RecordState,
-    Replay, ReplayOutcome, Result,
+    Blocked, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, NewJob, ProviderKey,
+    RecordState, Replay, ReplayOutcome, Result,
 };
+use serde_json::Value;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
@@ -20,18 +21,33 @@ fn parse_record_id(id: &FailureId) -> Result<i64> {
 }
 
 pub(super) fn record_from(row: &PgRow) -> Result<FailureRecord> {
+    let at = || row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default();
     let state = match row.get::<&str, _>("state") {
         "open" => RecordState::Open,
-        "replayed" => RecordState::Replayed {
-            at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default(),
-            reason: row.get::<Option<String>, _>("replay_reason").unwrap_or_default(),
-            actor: row.get::<Option<String>, _>("replayed_by").unwrap_or_default(),
-        },
-        _ => RecordState::Discarded {
-            at: row.get::<Option<DateTime<Utc>>, _>("closed_at").unwrap_or_default(),
+        "discarded" => RecordState::Discarded {
+            at: at(),
             reason: row.get::<Option<String>, _>("discard_reason").unwrap_or_default(),
             actor: row.get::<Option<String>, _>("discarded_by").unwrap_or_default(),
         },
+        replayed => {
+            let replaying = RecordState::Replaying {
+                at: at(),
+                reason: row.get::<Option<String>, _>("replay_reason").unwrap_or_default(),
+                actor: row.get::<Option<String>, _>("replayed_by").unwrap_or_default(),
+                amended: row.get::<Option<Value>, _>("amended").is_some(),
+            };
+            let settled = match replayed {
+                "confirmed" => {
+                    replaying.confirmed(row.get::<Option<DateTime<Utc>>, _>("confirmed_at").unwrap_or_default())
+                }
+                "failed_again" => replaying.failed_again(
+                    row.get::<Option<DateTime<Utc>>, _>("failed_again_at").unwrap_or_default(),
+                    FailureId(row.get::<Option<i64>, _>("next_record").unwrap_or_default().to_string()),
+                ),
+                _ => None,
+            };
+            settled.unwrap_or(replaying)
+        }
     };
     let errors: Vec<AttemptError> = serde_json::from_value(row.get("errors"))
         .map_err(|e| Error::new(ErrorKind::Decode, "stored error history does not decode").with_source(e))?;
@@ -50,6 +66,8 @@ pub(super) fn record_from(row: &PgRow) -> Result<FailureRecord> {
         first_failed_at: row.get("first_failed_at"),
         last_failed_at: row.get("last_failed_at"),
         state,
+        replay_of: row.get::<Option<i64>, _>("replay_of").map(|id| FailureId(id.to_string())),
+        amended: row.get("amended"),
     })
 }
 
@@ -144,10 +162,40 @@ impl DeadLetter for PgBackend {
 impl Replay for PgBackend {
     async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
         require_audit("a replay's actor", actor)?;
+        self.replay_with(id, None, reason, actor).await
+    }
+
+    /// The job row is its key's ledger entry: a failed job's effect has not happened, and the
+    /// key's fingerprint changes with the payload in the replay's statement.
+    async fn replay_amended(
+        &self,
+        id: &FailureId,
+        payload: &Value,
+        reason: &str,
+        actor: &str,
+    ) -> Result<ReplayOutcome> {
+        require_audit("an amended replay's reason", reason)?;
+        require_audit("an amended replay's actor", actor)?;
+        let record = self.get(id).await?;
+        super::check_payload(&NewJob::new(record.kind, record.key, payload.clone())?, self.inner.config.max_payload)?;
+        self.replay_with(id, Some(payload), reason, actor).await
+    }
+}
+
+impl PgBackend {
+    async fn replay_with(
+        &self,
+        id: &FailureId,
+        amended: Option<&Value>,
+        reason: &str,
+        actor: &str,
+    ) -> Result<ReplayOutcome> {
         let row = q(&self.inner.sql.replay)
             .bind(parse_record_id(id)?)
             .bind(reason)
             .bind(actor)
+            .bind(amended)
+            .bind(amended.map(payload_fingerprint))
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(|e| db(e, "replay"))?;

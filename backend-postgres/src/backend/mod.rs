@@ -399,6 +399,7 @@ impl Backend for PgBackend {
             // `run_at`: a scheduled job is not claimable before it.
             max_delay: Some(Duration::MAX),
             order_per_key: true,
+            amend_replay: true,
         }
     }
 }

@@ -305,6 +305,10 @@ impl Claim for QStashBackend {
         Ok(None)
     }
 
+    async fn confirm_replay(&self, record: &redrive_core::FailureId) -> Result<()> {
+        redrive_core::kit::broker::confirm_replay(self, record).await
+    }
+
     fn renewal(&self) -> Option<&impl Renew> {
         Some(self)
     }

@@ -31,12 +31,38 @@ fn not_found(id: &FailureId) -> Error {
     Error::new(ErrorKind::NotFound, format!("no failure record {id}"))
 }
 
-fn state_name(state: &RecordState) -> &'static str {
-    match state {
-        RecordState::Open => "open",
-        RecordState::Replayed { .. } => "replayed",
-        RecordState::Discarded { .. } => "discarded",
+/// Settles record `id` of `queue` in `tx` where it is replaying (or still taken by its replay):
+/// `settle` makes the new state of its replaying one. Whether it changed.
+async fn settle_replaying(
+    tx: &mut sqlx::SqliteConnection,
+    queue: &str,
+    id: &FailureId,
+    settle: impl FnOnce(&RecordState) -> Option<RecordState>,
+) -> Result<bool> {
+    let Some(row) = q(sql::broker_state)
+        .bind(queue)
+        .bind(&id.0)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(|e| db(e, "read a record's state"))?
+    else {
+        return Ok(false);
+    };
+    if !matches!(row.get::<String, _>("state").as_str(), "replaying" | "taken") {
+        return Ok(false);
     }
+    let replaying: RecordState = serde_json::from_str(&row.get::<Option<String>, _>("closed").unwrap_or_default())
+        .map_err(|e| Error::new(ErrorKind::Decode, "a stored record state does not decode").with_source(e))?;
+    let Some(settled) = settle(&replaying) else { return Ok(false) };
+    q(sql::broker_settle)
+        .bind(queue)
+        .bind(&id.0)
+        .bind(settled.name())
+        .bind(serde_json::to_string(&settled).unwrap_or_default())
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db(e, "settle a replayed record"))?;
+    Ok(true)
 }
 
 impl RecordStore for SqliteBackend {
@@ -62,6 +88,11 @@ impl RecordStore for SqliteBackend {
                     .await
                     .map_err(|e| db(e, "keep failure records"))?
                     .rows_affected();
+                // A replayed job that failed again: the replayed record names this one.
+                if let Some(replayed) = &r.replay_of {
+                    let next = r.id.clone();
+                    settle_replaying(&mut tx, queue, replayed, |s| s.failed_again(r.last_failed_at, next)).await?;
+                }
             }
             tx.commit().await.map_err(|e| db(e, "keep failure records"))?;
             Ok(kept)
@@ -135,7 +166,12 @@ impl RecordStore for SqliteBackend {
         Box::pin(async move {
             let now = now_ms();
             // Who and why come with the close.
-            let replayed = RecordState::Replayed { at: super::time(now), reason: String::new(), actor: String::new() };
+            let replayed = RecordState::Replaying {
+                at: super::time(now),
+                reason: String::new(),
+                actor: String::new(),
+                amended: false,
+            };
             let row = q(sql::broker_take)
                 .bind(queue)
                 .bind(&id.0)
@@ -165,17 +201,47 @@ impl RecordStore for SqliteBackend {
             let closed = q(sql::broker_close)
                 .bind(queue)
                 .bind(&id.0)
-                .bind(state_name(state))
+                .bind(state.name())
                 .bind(serde_json::to_string(state).unwrap_or_default())
                 .bind(by_replay)
                 .bind(now_ms())
                 .fetch_optional(&self.inner.writer)
                 .await
                 .map_err(|e| db(e, "close a failure record"))?;
-            match closed {
-                Some(_) => Ok(None),
-                None => Ok(Some(self.record(queue, id).await?.state)),
+            if closed.is_some() {
+                return Ok(None);
             }
+            let found = self.record(queue, id).await?.state;
+            // The replayed job settled the record before the replay closed it (it ran at once):
+            // the close adds who replayed it and why.
+            if let (RecordState::Replaying { reason, actor, .. }, RecordState::Confirmed { actor: none, .. })
+            | (RecordState::Replaying { reason, actor, .. }, RecordState::FailedAgain { actor: none, .. }) =
+                (state, &found)
+                && none.is_empty()
+            {
+                let mut audited = serde_json::to_value(&found).unwrap_or_default();
+                audited["reason"] = reason.clone().into();
+                audited["actor"] = actor.clone().into();
+                q(sql::broker_settle)
+                    .bind(queue)
+                    .bind(&id.0)
+                    .bind(found.name())
+                    .bind(audited.to_string())
+                    .execute(&self.inner.writer)
+                    .await
+                    .map_err(|e| db(e, "close a failure record"))?;
+                return Ok(None);
+            }
+            Ok(Some(found))
+        })
+    }
+
+    fn confirm_record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let mut tx = self.write().await?;
+            let confirmed = settle_replaying(&mut tx, queue, id, |s| s.confirmed(chrono::Utc::now())).await?;
+            tx.commit().await.map_err(|e| db(e, "confirm a replayed record"))?;
+            Ok(confirmed)
         })
     }
 

@@ -95,6 +95,8 @@ fn read_claimed(row: &SqliteRow, id: &JobId, lease: &Lease) -> Result<Claimed> {
             not_before: None,
             stranded: column::<i64>(row, "stranded", "stranded count")?.max(0) as u32,
             undecodable: None,
+            // Its completion confirms its replayed record in the same transaction.
+            replay_of: None,
         },
         lease: lease.clone(),
         begun: Some(begun),
@@ -129,6 +131,7 @@ fn unreadable_job(row: &SqliteRow, id: JobId, why: String) -> JobRecord {
         not_before: None,
         stranded: 0,
         undecodable: Some(why),
+        replay_of: None,
     }
 }
 
@@ -213,6 +216,7 @@ impl Claim for SqliteBackend {
         let history = serde_json::to_string(&errors).map_err(|_| stored("error history"))?;
         let text = |name: &str| column::<String>(&row, name, name).unwrap_or_default();
         let cap = column::<i64>(&row, "cap", "cap").unwrap_or(i64::from(attempts));
+        let replay_of = row.try_get::<Option<i64>, _>("replay_of").ok().flatten();
         let inserted = q(sql::record)
             .bind(id)
             .bind(text("kind"))
@@ -226,11 +230,22 @@ impl Claim for SqliteBackend {
             .bind(text("severity"))
             .bind(first_failed_at.timestamp_millis())
             .bind(now.timestamp_millis())
+            .bind(replay_of)
             .fetch_one(&mut *tx)
             .await
             .map_err(|e| db(e, "write the failure record"))?;
-        tx.commit().await.map_err(|e| db(e, "commit dead-letter"))?;
         let record_id: i64 = inserted.get("id");
+        if let Some(replayed) = replay_of {
+            // The replayed record names the new one, as the new one names it.
+            q(sql::failed_again)
+                .bind(replayed)
+                .bind(now.timestamp_millis())
+                .bind(record_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db(e, "link the replayed record"))?;
+        }
+        tx.commit().await.map_err(|e| db(e, "commit dead-letter"))?;
         Ok(Some(FailureRecord {
             id: FailureId(record_id.to_string()),
             job_id: lease.job_id.clone(),
@@ -247,7 +262,15 @@ impl Claim for SqliteBackend {
             first_failed_at,
             last_failed_at: now,
             state: RecordState::Open,
+            replay_of: replay_of.map(|id| FailureId(id.to_string())),
+            amended: None,
         }))
+    }
+
+    /// Never asked: its jobs carry no `replay_of`, their completion confirms the record in the
+    /// same transaction.
+    async fn confirm_replay(&self, _record: &redrive_core::FailureId) -> Result<()> {
+        Ok(())
     }
 
     fn renewal(&self) -> Option<&impl Renew> {

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use redrive_core::kit::{AttemptError, require_audit};
 use redrive_core::{
-    Blocked, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, ProviderKey, RecordState,
-    Replay, ReplayOutcome, Result, Severity,
+    Blocked, DeadLetter, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, JobId, NewJob, ProviderKey,
+    RecordState, Replay, ReplayOutcome, Result, Severity,
 };
+use serde_json::Value;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 use uuid::Uuid;
@@ -24,18 +25,31 @@ use crate::sql::{self, q};
 /// that one bad record never fails a listing.
 fn record_from(row: &SqliteRow) -> Result<FailureRecord> {
     let errors: Vec<AttemptError> = history(&row.get::<String, _>("errors"));
+    let at = || time(row.get::<Option<i64>, _>("closed_at").unwrap_or_default());
     let state = match row.get::<String, _>("state").as_str() {
         "open" => RecordState::Open,
-        "replayed" => RecordState::Replayed {
-            at: time(row.get::<Option<i64>, _>("closed_at").unwrap_or_default()),
-            reason: row.get::<Option<String>, _>("replay_reason").unwrap_or_default(),
-            actor: row.get::<Option<String>, _>("replay_actor").unwrap_or_default(),
-        },
-        _ => RecordState::Discarded {
-            at: time(row.get::<Option<i64>, _>("closed_at").unwrap_or_default()),
+        "discarded" => RecordState::Discarded {
+            at: at(),
             reason: row.get::<Option<String>, _>("discard_reason").unwrap_or_default(),
             actor: row.get::<Option<String>, _>("discard_actor").unwrap_or_default(),
         },
+        replayed => {
+            let replaying = RecordState::Replaying {
+                at: at(),
+                reason: row.get::<Option<String>, _>("replay_reason").unwrap_or_default(),
+                actor: row.get::<Option<String>, _>("replay_actor").unwrap_or_default(),
+                amended: row.get::<Option<String>, _>("amended").is_some(),
+            };
+            let settled = match replayed {
+                "confirmed" => replaying.confirmed(time(row.get::<Option<i64>, _>("confirmed_at").unwrap_or_default())),
+                "failed_again" => replaying.failed_again(
+                    time(row.get::<Option<i64>, _>("failed_again_at").unwrap_or_default()),
+                    FailureId(row.get::<Option<i64>, _>("next_record").unwrap_or_default().to_string()),
+                ),
+                _ => None,
+            };
+            settled.unwrap_or(replaying)
+        }
     };
     Ok(FailureRecord {
         id: FailureId(row.get::<i64, _>("id").to_string()),
@@ -53,6 +67,8 @@ fn record_from(row: &SqliteRow) -> Result<FailureRecord> {
         first_failed_at: time(row.get("first_failed_at")),
         last_failed_at: time(row.get("last_failed_at")),
         state,
+        replay_of: row.get::<Option<i64>, _>("replay_of").map(|id| FailureId(id.to_string())),
+        amended: row.get::<Option<String>, _>("amended").map(payload_as_stored),
     })
 }
 
@@ -171,6 +187,32 @@ impl DeadLetter for SqliteBackend {
 impl Replay for SqliteBackend {
     async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
         require_audit("a replay's actor", actor)?;
+        self.replay_with(id, None, reason, actor).await
+    }
+
+    /// The job row is its key's ledger entry: a failed job's effect has not happened, and the
+    /// key's fingerprint changes with the payload in the replay's transaction.
+    async fn replay_amended(
+        &self,
+        id: &FailureId,
+        payload: &Value,
+        reason: &str,
+        actor: &str,
+    ) -> Result<ReplayOutcome> {
+        require_audit("an amended replay's reason", reason)?;
+        require_audit("an amended replay's actor", actor)?;
+        self.replay_with(id, Some(payload), reason, actor).await
+    }
+}
+
+impl SqliteBackend {
+    async fn replay_with(
+        &self,
+        id: &FailureId,
+        amended: Option<&Value>,
+        reason: &str,
+        actor: &str,
+    ) -> Result<ReplayOutcome> {
         let n = parse_id(&id.0)?;
         let mut tx = self.write().await?;
         let row = q(sql::get_failure)
@@ -183,21 +225,39 @@ impl Replay for SqliteBackend {
         if !record.state.is_open() {
             return Ok(ReplayOutcome::AlreadyClosed(record.state));
         }
+        let amended = match amended {
+            Some(payload) => {
+                let job = NewJob::new(record.kind.clone(), record.key.clone(), payload.clone())?;
+                job.check_size(self.inner.config.max_payload)?;
+                Some((payload.to_string(), job.fingerprint()))
+            }
+            None => None,
+        };
         let now = now_ms();
         // The existing job, reset: a fresh enqueue with the same key would only find a duplicate.
         let job = parse_id(&record.job_id.0)?;
         q(sql::requeue)
             .bind(job)
             .bind(now)
+            .bind(n)
+            .bind(amended.as_ref().map(|(payload, _)| payload.clone()))
+            .bind(amended.as_ref().map(|(_, fingerprint)| fingerprint.clone()))
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| db(e, "replay"))?
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, "the record's job is gone"))?;
+            .ok_or_else(|| match amended {
+                Some(_) => Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("record {id}: its job is not failed (its effect may have happened); nothing was amended"),
+                ),
+                None => Error::new(ErrorKind::NotFound, "the record's job is gone"),
+            })?;
         q(sql::close_replayed)
             .bind(n)
             .bind(now)
             .bind(reason.to_owned())
             .bind(actor.to_owned())
+            .bind(amended.map(|(payload, _)| payload))
             .execute(&mut *tx)
             .await
             .map_err(|e| db(e, "replay"))?;

@@ -280,6 +280,7 @@ impl Backend for SqliteBackend {
             // `ready_at`: a scheduled job is not claimable before it.
             max_delay: Some(Duration::MAX),
             order_per_key: true,
+            amend_replay: true,
         }
     }
 }

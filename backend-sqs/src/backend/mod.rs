@@ -525,6 +525,8 @@ impl Backend for SqsBackend {
             // dead-letter queues behind ordered delivery. Order per key is kept where claims can
             // see the earlier jobs (the databases).
             order_per_key: false,
+            // Its effect ledger is kept apart from its records.
+            amend_replay: false,
         }
     }
 }

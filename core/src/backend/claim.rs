@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{Backend, Begin, FailureRecord};
+use super::{Backend, Begin, FailureId, FailureRecord};
 use crate::error::Result;
 use crate::job::{JobId, JobRecord};
 use crate::redact::debug_redacted;
@@ -88,6 +88,15 @@ pub trait Claim: Backend {
     /// the attempts used. Returns the record, or `None` where the service writes it later and
     /// assigns its id then (QStash); either way the worker's alert pass finds it.
     fn dead_letter(&self, job: &Claimed, error: &str) -> impl Future<Output = Result<Option<FailureRecord>>> + Send;
+
+    /// Closes the failure record `record` as confirmed: the job that replays it
+    /// ([`JobRecord::replay_of`]) has its effect done, by its handler or before it (the effect
+    /// ledger answered done). The worker calls it before completing such a job, so that a crash
+    /// between the two leaves a job that runs again, finds its effect done and confirms then.
+    /// Idempotent: a record no longer replaying is left as it is. Backends whose completion
+    /// confirms the record itself never set `replay_of` and answer `Ok`; a broker backend answers
+    /// with [`confirm_replay`](crate::kit::broker::confirm_replay); a wrapper passes it on.
+    fn confirm_replay(&self, record: &FailureId) -> impl Future<Output = Result<()>> + Send;
 
     /// Lease renewal, where the backend has it (see [`Renew`]). Without it, jobs are claimed on
     /// the worker's full lease and a handler that outlives it is cancelled before its key's hold

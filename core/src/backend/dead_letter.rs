@@ -35,13 +35,19 @@ pub struct AttemptError {
 }
 
 /// Where a failure record stands.
+///
+/// `Open` waits for a person. A replay moves it to `Replaying`; the replayed job then settles it:
+/// `Confirmed` once the key's effect is done (the job ran, or found its effect already done),
+/// or `FailedAgain` when the job ends as a new record, which names this one
+/// ([`FailureRecord::replay_of`]). A discard closes it without a replay.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "lowercase")]
+#[serde(tag = "state", rename_all = "snake_case")]
 pub enum RecordState {
     /// Waiting for a person.
     Open,
-    /// Put back on the queue with its original keys.
-    Replayed {
+    /// Put back on the queue with its original keys; its effect is not seen yet.
+    #[serde(alias = "replayed")]
+    Replaying {
         /// When.
         at: DateTime<Utc>,
         /// Why (may be empty: a replay loses nothing). Empty on records replayed before replays
@@ -51,6 +57,46 @@ pub enum RecordState {
         /// Who.
         #[serde(default)]
         actor: String,
+        /// Whether the replay sent an amended payload ([`FailureRecord::amended`]) in place of
+        /// the record's, which the record keeps.
+        #[serde(default, skip_serializing_if = "is_false")]
+        amended: bool,
+    },
+    /// Replayed, and the replayed job's effect is done, once: the seed's "confirm the effect
+    /// happened once, then close the record".
+    Confirmed {
+        /// When it was replayed.
+        at: DateTime<Utc>,
+        /// Why it was replayed.
+        #[serde(default)]
+        reason: String,
+        /// Who replayed it.
+        #[serde(default)]
+        actor: String,
+        /// Whether the replay sent an amended payload.
+        #[serde(default, skip_serializing_if = "is_false")]
+        amended: bool,
+        /// When the replayed job's effect was seen done.
+        confirmed_at: DateTime<Utc>,
+    },
+    /// Replayed, and the replayed job failed again: `next` is its record, open, which names this
+    /// one as what it replays.
+    FailedAgain {
+        /// When it was replayed.
+        at: DateTime<Utc>,
+        /// Why it was replayed.
+        #[serde(default)]
+        reason: String,
+        /// Who replayed it.
+        #[serde(default)]
+        actor: String,
+        /// Whether the replay sent an amended payload.
+        #[serde(default, skip_serializing_if = "is_false")]
+        amended: bool,
+        /// When the replayed job failed.
+        failed_at: DateTime<Utc>,
+        /// The record the replayed job left.
+        next: FailureId,
     },
     /// Closed without a replay.
     Discarded {
@@ -67,6 +113,44 @@ impl RecordState {
     /// Whether the record still waits for a person.
     pub fn is_open(&self) -> bool {
         matches!(self, Self::Open)
+    }
+
+    /// A replay by `actor` for `reason`, sent now, its effect not seen yet.
+    pub fn replaying(reason: &str, actor: &str, amended: bool) -> Self {
+        Self::Replaying { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned(), amended }
+    }
+
+    /// This replaying state, its effect seen done at `confirmed_at`; `None` unless replaying.
+    pub fn confirmed(&self, confirmed_at: DateTime<Utc>) -> Option<Self> {
+        match self.clone() {
+            Self::Replaying { at, reason, actor, amended } => {
+                Some(Self::Confirmed { at, reason, actor, amended, confirmed_at })
+            }
+            _ => None,
+        }
+    }
+
+    /// This replaying state, its job failed again at `failed_at` into the record `next`;
+    /// `None` unless replaying.
+    pub fn failed_again(&self, failed_at: DateTime<Utc>, next: FailureId) -> Option<Self> {
+        match self.clone() {
+            Self::Replaying { at, reason, actor, amended } => {
+                Some(Self::FailedAgain { at, reason, actor, amended, failed_at, next })
+            }
+            _ => None,
+        }
+    }
+
+    /// The state's name as stored and shown: `open`, `replaying`, `confirmed`, `failed_again`,
+    /// `discarded`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Replaying { .. } => "replaying",
+            Self::Confirmed { .. } => "confirmed",
+            Self::FailedAgain { .. } => "failed_again",
+            Self::Discarded { .. } => "discarded",
+        }
     }
 }
 
@@ -99,8 +183,20 @@ pub struct FailureRecord {
     pub first_failed_at: DateTime<Utc>,
     /// When the record was written.
     pub last_failed_at: DateTime<Utc>,
-    /// Open, replayed or discarded.
+    /// Open, replaying, confirmed, failed again or discarded.
     pub state: RecordState,
+    /// The record this job's failure follows: the job was replayed from it and failed again
+    /// (that record is then [`RecordState::FailedAgain`], naming this one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<FailureId>,
+    /// The payload a person's amended replay sent in place of [`payload`](Self::payload), which
+    /// stays as the job failed with it: both are kept for the audit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amended: Option<Value>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 /// Which records [`DeadLetter::list`] returns, oldest first.
@@ -213,6 +309,37 @@ pub trait Replay: Send + Sync {
     /// ([`InvalidInput`](crate::ErrorKind::InvalidInput)); `reason` may be empty (a replay drops
     /// nothing; its usual reason is the fix just deployed).
     fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> impl Future<Output = Result<ReplayOutcome>> + Send;
+
+    /// Replays one open record with `payload` in place of its own, under the same idempotency
+    /// and provider keys: the seed's "fix the cause" when the cause is the data (a malformed
+    /// address). Allowed only while the key's effect has not happened (the job failed before
+    /// it, as the record says and the ledger agrees); else
+    /// [`InvalidInput`](crate::ErrorKind::InvalidInput) and nothing changes. The record keeps the original payload and the amended one
+    /// ([`FailureRecord::amended`]), with why and who: a blank `reason` or `actor` is refused.
+    /// An ordinary enqueue of another payload under the key stays a
+    /// [`KeyConflict`](crate::ErrorKind::KeyConflict): only this audited call re-fingerprints it.
+    ///
+    /// Where the backend cannot re-fingerprint the key's ledger entry (a broker, whose ledger is
+    /// apart from its records), [`InvalidInput`](crate::ErrorKind::InvalidInput) saying so
+    /// ([`refuse_amend`]), and [`Capabilities::amend_replay`](crate::kit::Capabilities) unset.
+    fn replay_amended(
+        &self,
+        id: &FailureId,
+        payload: &Value,
+        reason: &str,
+        actor: &str,
+    ) -> impl Future<Output = Result<ReplayOutcome>> + Send;
+}
+
+/// The refusal of [`Replay::replay_amended`] by a backend that cannot amend.
+pub fn refuse_amend(id: &FailureId) -> Error {
+    Error::new(
+        ErrorKind::InvalidInput,
+        format!(
+            "record {id}: this backend cannot replay with an amended payload (its effect ledger is kept apart from \
+             its records); replay it as it is, or discard it and enqueue the corrected job under a new key"
+        ),
+    )
 }
 
 /// Refuses `text` if it is blank: what a record keeps of who closed it (and why, for a discard).
@@ -275,9 +402,10 @@ debug_redacted!(FailureRecord {
         severity,
         first_failed_at,
         last_failed_at,
-        state
+        state,
+        replay_of
     ],
-    hide: [payload],
+    hide: [payload, amended],
 });
 
 #[cfg(test)]
@@ -288,7 +416,7 @@ mod tests {
     fn a_replayed_state_kept_before_replays_were_audited_still_reads() {
         // As broker stores kept it (JSON), and as a take reads until its replay closes it.
         let old: RecordState = serde_json::from_str(r#"{"state":"replayed","at":"2026-01-02T03:04:05Z"}"#).unwrap();
-        assert!(matches!(old, RecordState::Replayed { reason, actor, .. } if reason.is_empty() && actor.is_empty()));
+        assert!(matches!(old, RecordState::Replaying { reason, actor, .. } if reason.is_empty() && actor.is_empty()));
     }
 
     #[test]

@@ -36,7 +36,7 @@ use std::time::Duration;
 pub use claim::{Claim, Claimed, Kinds, Lease, NoRenewal, Renew};
 pub use dead_letter::{
     AttemptError, Blocked, DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayExt,
-    ReplayOutcome, require_audit,
+    ReplayOutcome, refuse_amend, require_audit,
 };
 pub use enqueue::{Enqueue, EnqueueExt, Enqueued};
 pub use flow::{
@@ -103,6 +103,11 @@ pub struct Capabilities {
     /// a job with an order key ([`NewJob::check_fits`](crate::NewJob::check_fits)). Held to by
     /// the suite's `ordered_through_failure`.
     pub order_per_key: bool,
+    /// [`Replay::replay_amended`](crate::Replay::replay_amended) replays a record with a
+    /// corrected payload under its keys (the key's ledger entry is the backend's own, so its
+    /// fingerprint moves with the payload). Otherwise it refuses with
+    /// [`InvalidInput`](crate::ErrorKind::InvalidInput). Held to by the suite's `amended_replay`.
+    pub amend_replay: bool,
 }
 
 impl Default for Capabilities {
@@ -120,6 +125,7 @@ impl Default for Capabilities {
             min_lease: Duration::from_millis(1),
             max_delay: Some(Duration::MAX),
             order_per_key: false,
+            amend_replay: false,
         }
     }
 }

@@ -83,6 +83,8 @@ impl StoredJob {
             not_before: None,
             stranded: self.stranded,
             undecodable: None,
+            // Its records are found by its id here.
+            replay_of: None,
         }
     }
 }
@@ -254,7 +256,12 @@ impl State {
 
 impl Backend for MemoryBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { max_payload: self.max_payload, order_per_key: true, ..Capabilities::default() }
+        Capabilities {
+            max_payload: self.max_payload,
+            order_per_key: true,
+            amend_replay: true,
+            ..Capabilities::default()
+        }
     }
 }
 
@@ -319,6 +326,14 @@ impl Claim for MemoryBackend {
             // The next job of its order key may run now.
             self.work.notify_waiters();
         }
+        // Done is the effect done (ran, or found done in the ledger): a replay of this job is
+        // confirmed with it.
+        let now = Utc::now();
+        for record in state.records.values_mut().filter(|r| r.job_id == lease.job_id) {
+            if let Some(confirmed) = record.state.confirmed(now) {
+                record.state = confirmed;
+            }
+        }
         Ok(())
     }
 
@@ -349,10 +364,23 @@ impl Claim for MemoryBackend {
         let errors = std::mem::take(&mut job.errors);
         let job = job.record(parse_id(&claimed.lease.job_id.0)?);
         state.next_record += 1;
-        let record = FailureRecord::open(FailureId(state.next_record.to_string()), job, error.to_owned(), errors, now);
+        let id = FailureId(state.next_record.to_string());
+        let mut record = FailureRecord::open(id.clone(), job, error.to_owned(), errors, now);
+        // A replay that failed again: the old record names the new one, and the new one it.
+        for old in state.records.values_mut().filter(|r| r.job_id == record.job_id) {
+            if let Some(failed_again) = old.state.failed_again(now, id.clone()) {
+                old.state = failed_again;
+                record.replay_of = Some(old.id.clone());
+            }
+        }
         let n = state.next_record;
         state.records.insert(n, record.clone());
         Ok(Some(record))
+    }
+
+    /// Never asked: its jobs carry no `replay_of`, their completion confirms the record.
+    async fn confirm_replay(&self, _record: &FailureId) -> Result<()> {
+        Ok(())
     }
 
     fn renewal(&self) -> Option<&impl Renew> {

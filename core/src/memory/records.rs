@@ -3,13 +3,16 @@
 use std::time::Duration;
 
 use chrono::Utc;
+use serde_json::Value;
 use tokio::time::Instant;
 
+use super::ledger::Effect;
 use super::{MemoryBackend, Status, parse_id};
 use crate::backend::{
     Blocked, DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayOutcome, require_audit,
 };
 use crate::error::{Error, ErrorKind, Result};
+use crate::job::{NewJob, payload_fingerprint};
 
 impl DeadLetter for MemoryBackend {
     async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
@@ -105,6 +108,24 @@ impl DeadLetter for MemoryBackend {
 impl Replay for MemoryBackend {
     async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
         require_audit("a replay's actor", actor)?;
+        self.replay_with(id, None, reason, actor)
+    }
+
+    async fn replay_amended(
+        &self,
+        id: &FailureId,
+        payload: &Value,
+        reason: &str,
+        actor: &str,
+    ) -> Result<ReplayOutcome> {
+        require_audit("an amended replay's reason", reason)?;
+        require_audit("an amended replay's actor", actor)?;
+        self.replay_with(id, Some(payload), reason, actor)
+    }
+}
+
+impl MemoryBackend {
+    fn replay_with(&self, id: &FailureId, amended: Option<&Value>, reason: &str, actor: &str) -> Result<ReplayOutcome> {
         let n = parse_id(&id.0)?;
         let mut state = self.lock();
         let record =
@@ -112,7 +133,17 @@ impl Replay for MemoryBackend {
         if !record.state.is_open() {
             return Ok(ReplayOutcome::AlreadyClosed(record.state.clone()));
         }
-        let job_id = record.job_id.clone();
+        let (job_id, key) = (record.job_id.clone(), record.key.clone());
+        if let Some(payload) = amended {
+            let job = NewJob::new(record.kind.clone(), key.clone(), payload.clone())?;
+            job.check_size(self.max_payload)?;
+            if state.ledger.get(&key).is_some_and(|e| matches!(e.state, Effect::Done { .. })) {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("record {id}: the effect of key {key} has happened; an amended replay would repeat it"),
+                ));
+            }
+        }
         // Reset the existing job: a fresh enqueue with the same key would only find a duplicate.
         let job = state
             .jobs
@@ -123,8 +154,15 @@ impl Replay for MemoryBackend {
         // A person asked for it to run: its deadline, if it had one, no longer applies.
         job.job.deadline = None;
         job.status = Status::Queued { ready_at: Instant::now() };
-        state.records.get_mut(&n).expect("looked up above").state =
-            RecordState::Replayed { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
+        if let Some(payload) = amended {
+            // The key's fingerprint follows: the amended job is the key's job now.
+            job.job.payload = payload.clone();
+            job.fingerprint = payload_fingerprint(payload);
+            state.ledger.remove(&key);
+        }
+        let record = state.records.get_mut(&n).expect("looked up above");
+        record.state = RecordState::replaying(reason, actor, amended.is_some());
+        record.amended = amended.cloned();
         drop(state);
         self.work.notify_waiters();
         Ok(ReplayOutcome::Replayed(job_id))

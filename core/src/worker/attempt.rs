@@ -22,7 +22,7 @@ use super::hold::{Held, HoldMode};
 use super::{Count, HandlerResult, Shared, WorkerConfig};
 use crate::alert::BoxFuture;
 use crate::backend::{Claim, Claimed, DeadLetter, Lease, Ledger, Slot};
-use crate::job::{JobContext, JobError};
+use crate::job::{JobContext, JobError, JobRecord};
 use crate::policy::{Decision, Outcome, RetryPolicy};
 
 /// The part of the worker that runs attempts: the handlers, the policies it asks, and the state
@@ -315,7 +315,21 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             }
         };
         self.counters.add_for(count, &attempt.claimed.job.kind, 1);
+        if let Unrun::AlreadyDone = unrun {
+            self.confirm_replay(&attempt.claimed.job).await;
+        }
         self.settle(what, || self.queue.complete(&attempt.claimed.lease, None)).await;
+    }
+
+    /// Confirms the record a job replays, where the job carries it (a broker's): its effect is
+    /// done. Before the completion, so that a crash between the two leaves a job that runs
+    /// again, finds its effect done, and confirms then. A record left replaying by a failure
+    /// here is logged; the job is completed all the same (its effect is done).
+    async fn confirm_replay(&self, job: &JobRecord) {
+        let Some(record) = &job.replay_of else { return };
+        if let Err(e) = self.retrying("confirm the replay", || self.queue.confirm_replay(record)).await {
+            warn!(record = %record, error = %e, "could not confirm the replay; its record stays replaying");
+        }
     }
 
     /// Runs the handler while keeping its key held, for at most `timeout`. A handler stopped
@@ -412,6 +426,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             Decision::Complete => {
                 debug!("done");
                 self.counters.add_for(Count::Succeeded, &job.kind, 1);
+                self.confirm_replay(job).await;
                 self.settle("complete", || async { self.queue.complete(&attempt.lease(), None).await }).await;
             }
             Decision::RetryIn(delay) => {

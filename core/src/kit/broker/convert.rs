@@ -73,6 +73,8 @@ impl FailureRecord {
             severity: job.severity,
             last_failed_at: failed_at,
             state: RecordState::Open,
+            replay_of: job.replay_of,
+            amended: None,
         }
     }
 }
@@ -120,6 +122,7 @@ pub fn carried_job(
         // An unreadable body is recorded at once, whatever its deadline said.
         deadline: None,
         not_before: None,
+        replay_of: None,
         payload: Value::String(body.to_owned()),
     };
     (stand_in, Some(why))

@@ -4,12 +4,13 @@
 use std::time::Duration;
 
 use chrono::Utc;
+use serde_json::Value;
 use tracing::info;
 
 use super::convert::NOT_AN_ENVELOPE;
 use super::{Broker, drain};
 use crate::backend::{
-    DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayOutcome, require_audit,
+    DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayOutcome, refuse_amend, require_audit,
 };
 use crate::error::{Error, ErrorKind, Result, Retry};
 use crate::job::NewJob;
@@ -63,6 +64,16 @@ impl<B: Broker> DeadLetter for B {
     }
 }
 
+/// What a broker's [`Claim::confirm_replay`](crate::Claim::confirm_replay) does: settles the
+/// replaying record `record` in the store as confirmed, logged by its id.
+pub async fn confirm_replay<B: Broker>(broker: &B, record: &FailureId) -> Result<()> {
+    let core = broker.core();
+    if core.records().confirm_record(core.scope(), record).await? {
+        info!(record = %record, "replay confirmed: its job's effect is done; the record is closed");
+    }
+    Ok(())
+}
+
 impl<B: Broker> Replay for B {
     /// Takes the record in the store (so that no other replay, in any process, sends it), sends
     /// the job back with its original keys, then closes the record. Retried after a failure
@@ -90,6 +101,7 @@ impl<B: Broker> Replay for B {
             NewJob::new(record.kind.clone(), record.key.clone(), record.payload.clone())?.with_cap(record.cap);
         job.provider_key = record.provider_key;
         job.severity = record.severity;
+        job.replay_of = Some(id.clone());
         self.check_job(&job)?;
         let core = self.core();
         let (store, scope) = (core.records(), core.scope());
@@ -111,9 +123,20 @@ impl<B: Broker> Replay for B {
         if core.replay_stops_after_send() {
             return Err(Error::temporary("injected: the replay stopped after its send"));
         }
-        let replayed = RecordState::Replayed { at: Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
-        store.close_record(scope, id, &replayed).await?;
+        store.close_record(scope, id, &RecordState::replaying(reason, actor, false)).await?;
         info!(record = %id, kind = %record.kind, key = %record.key, job = %sent, actor, reason, "failure record replayed");
         Ok(ReplayOutcome::Replayed(sent))
+    }
+
+    /// A broker's effect ledger is kept apart from its records: an amended payload would meet
+    /// the key's old fingerprint there and end as a key conflict. Refused.
+    async fn replay_amended(
+        &self,
+        id: &FailureId,
+        _payload: &Value,
+        _reason: &str,
+        _actor: &str,
+    ) -> Result<ReplayOutcome> {
+        Err(refuse_amend(id))
     }
 }
