@@ -231,6 +231,40 @@ struct ReplayArgs {
     /// Lists what would be replayed, replays nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Replays one record with its payload corrected under the same keys, while its effect has
+    /// not happened: a JSON merge patch (RFC 7386, an object) or a JSON patch (RFC 6902, an
+    /// array of operations), inline or `@FILE`. `--reason` is then required; the record keeps
+    /// the original payload and the amended one.
+    #[arg(long, value_name = "PATCH", requires = "id")]
+    amend: Option<String>,
+}
+
+/// The record's `payload` with `patch` applied: inline JSON or `@FILE`, an object as a merge
+/// patch, an array as a JSON patch. A patch that does not read or apply is refused, naming why
+/// (never the payload's values).
+fn amend(payload: &serde_json::Value, patch: &str) -> redrive::Result<serde_json::Value> {
+    let invalid = |why: String| redrive::Error::new(ErrorKind::InvalidInput, format!("--amend: {why}"));
+    let text = match patch.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).map_err(|e| invalid(format!("cannot read {path}: {e}")))?,
+        None => patch.to_owned(),
+    };
+    let patch: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| invalid(format!("the patch is not JSON: {e}")))?;
+    let mut amended = payload.clone();
+    match &patch {
+        serde_json::Value::Object(_) => json_patch::merge(&mut amended, &patch),
+        serde_json::Value::Array(_) => {
+            let ops: json_patch::Patch =
+                serde_json::from_value(patch).map_err(|e| invalid(format!("not a JSON patch (RFC 6902): {e}")))?;
+            json_patch::patch(&mut amended, &ops)
+                .map_err(|e| invalid(format!("the JSON patch does not apply: {e}")))?;
+        }
+        _ => return Err(invalid("give a merge patch (an object) or a JSON patch (an array of operations)".into())),
+    }
+    if amended == *payload {
+        return Err(invalid("the patch changes nothing; replay without --amend".into()));
+    }
+    Ok(amended)
 }
 
 fn ago(age: Duration) -> chrono::DateTime<chrono::Utc> {
@@ -340,8 +374,20 @@ async fn serve(
 async fn replay(target: &AnyBackend, out: &output::Output, args: &ReplayArgs) -> redrive::Result<Done> {
     let by = args.by.as_deref().unwrap_or_default();
     if let Some(id) = &args.id {
-        let outcome = target.replay(&FailureId(id.clone()), &args.reason, by).await?;
-        out.outcome(id, &outcome);
+        let id = FailureId(id.clone());
+        let outcome = match &args.amend {
+            Some(patch) => {
+                let record = target.get(&id).await?;
+                let amended = amend(&record.payload, patch)?;
+                if args.dry_run {
+                    out.amended(&id, &amended);
+                    return Ok(Done::Done);
+                }
+                target.replay_amended(&id, &amended, &args.reason, by).await?
+            }
+            None => target.replay(&id, &args.reason, by).await?,
+        };
+        out.outcome(&id.0, &outcome);
         return Ok(Done::Done);
     }
     if !args.all && args.kind.is_none() && args.severity.is_none() && args.older_than.is_none() {

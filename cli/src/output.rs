@@ -159,6 +159,17 @@ impl Output {
         }
     }
 
+    /// What an amended replay would send (`--dry-run`).
+    pub(crate) fn amended(&self, id: &redrive::FailureId, payload: &serde_json::Value) {
+        if self.json {
+            return print_json(&json!({ "record": id, "amended": payload }));
+        }
+        println!("record {id} would be replayed with this payload (nothing sent):");
+        for line in serde_json::to_string_pretty(payload).expect("serializes").lines() {
+            println!("  {line}");
+        }
+    }
+
     pub(crate) fn count(&self, what: &str, n: u64) {
         if self.json {
             return print_json(&json!({ what.replace(' ', "_"): n }));

@@ -214,7 +214,7 @@ async fn a_replay_of_every_record_needs_all_and_a_discard_needs_a_reason() {
     assert_eq!(bulk["replayed"], 3, "{bulk}");
     let closed = json(&redrive(&backend, "-", &["--json", "failed", "list", "--state", "closed"]));
     for record in closed.as_array().unwrap() {
-        assert_eq!(record["state"]["state"], "replayed", "{record}");
+        assert_eq!(record["state"]["state"], "replaying", "{record}");
         assert_eq!((&record["state"]["actor"], &record["state"]["reason"]), (&"ada".into(), &"carrier back".into()));
     }
 }

@@ -188,6 +188,12 @@ pub(crate) struct RecordView {
     pub(crate) payload: String,
     pub(crate) last_error: String,
     pub(crate) errors: Vec<ErrorLine>,
+    /// The record this one's job was replayed from (it failed again into this one).
+    pub(crate) replay_of: Option<String>,
+    /// The record this one's replayed job failed again into.
+    pub(crate) next: Option<String>,
+    /// The payload an amended replay sent, pretty.
+    pub(crate) amended: Option<String>,
 }
 
 impl RecordView {
@@ -211,6 +217,12 @@ impl RecordView {
                 .iter()
                 .map(|e| ErrorLine { attempt: e.attempt, at: time(e.at), error: e.error.clone() })
                 .collect(),
+            replay_of: r.replay_of.as_ref().map(|id| id.0.clone()),
+            next: match &r.state {
+                RecordState::FailedAgain { next, .. } => Some(next.0.clone()),
+                _ => None,
+            },
+            amended: r.amended.as_ref().map(|p| serde_json::to_string_pretty(p).unwrap_or_default()),
         }
     }
 }
