@@ -142,7 +142,7 @@ async fn six_steps<Q: Enqueue + Claim + DeadLetter + Clone + 'static, L: Ledger 
     w.shutdown().await;
     let id = open[0]["id"].as_str().unwrap().to_owned();
     let alerts: Vec<String> = carrier.alerts.lock().unwrap().iter().map(|a| a.record.id.0.clone()).collect();
-    assert_eq!(alerts, [id.clone()], "one alert, naming the record");
+    assert_eq!(alerts, std::slice::from_ref(&id), "one alert, naming the record");
 
     // 2. The person reads it: payload, error, attempts.
     let text = String::from_utf8_lossy(&run(backend, schema, &["failed", "show", &id]).stdout).into_owned();
@@ -163,7 +163,7 @@ async fn six_steps<Q: Enqueue + Claim + DeadLetter + Clone + 'static, L: Ledger 
     let old = wait_state(backend, schema, &id, "failed_again").await;
     let next = old["state"]["next"].as_str().unwrap().to_owned();
     let text = String::from_utf8_lossy(&run(backend, schema, &["failed", "show", &id]).stdout).into_owned();
-    assert!(text.contains(&format!("failed again")) && text.contains(&format!("as record {next}")), "{text}");
+    assert!(text.contains("failed again") && text.contains(&format!("as record {next}")), "{text}");
     assert_eq!(shown(backend, schema, &next)["replay_of"], id.as_str(), "the new record names the old");
     w.shutdown().await;
 
