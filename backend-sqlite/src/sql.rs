@@ -72,6 +72,9 @@ mod text {
         flow_take_slot,
         flow_renew_slot,
         flow_release_slot,
+        list_jobs,
+        get_job,
+        cancel_job,
     );
 }
 
@@ -84,13 +87,14 @@ pub(crate) fn q(sql: &'static str) -> sqlx::query::Query<'static, Sqlite, Sqlite
 
 /// The embedded migrations, tracked in `_sqlx_migrations`.
 pub(crate) fn migrator() -> Migrator {
-    let files: [(i64, &str, &str); 6] = [
+    let files: [(i64, &str, &str); 7] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "broker records", include_str!("../migrations/0002_broker_records.sql")),
         (3, "deadline", include_str!("../migrations/0003_deadline.sql")),
         (4, "replay audit", include_str!("../migrations/0004_replay_audit.sql")),
         (5, "flow", include_str!("../migrations/0005_flow.sql")),
         (6, "order", include_str!("../migrations/0006_order.sql")),
+        (8, "live", include_str!("../migrations/0008_live.sql")),
     ];
     let migrations = files
         .into_iter()

@@ -284,6 +284,8 @@ impl Backend for AzureBackend {
             // dead-letter queues behind ordered delivery. Order per key is kept where claims can
             // see the earlier jobs (the databases).
             order_per_key: false,
+            // A queue's messages cannot be listed, nor one taken out by id.
+            live_jobs: false,
         }
     }
 }

@@ -20,6 +20,7 @@ mod broker_records;
 mod claim;
 mod dead_letters;
 mod flow;
+mod jobs;
 mod ledger;
 mod scan_floor;
 
@@ -399,6 +400,7 @@ impl Backend for PgBackend {
             // `run_at`: a scheduled job is not claimable before it.
             max_delay: Some(Duration::MAX),
             order_per_key: true,
+            live_jobs: true,
         }
     }
 }

@@ -285,6 +285,8 @@ impl Backend for QStashBackend {
             // dead-letter queues behind ordered delivery. Order per key is kept where claims can
             // see the earlier jobs (the databases).
             order_per_key: false,
+            // Its messages cannot be listed, nor one taken out by id.
+            live_jobs: false,
         }
     }
 }

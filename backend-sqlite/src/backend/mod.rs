@@ -22,6 +22,7 @@ mod claim;
 mod completer;
 mod dead_letters;
 mod flow;
+mod jobs;
 mod ledger;
 
 /// redrive on SQLite: the queue, the failure records and the effect ledger in one file (beside
@@ -280,6 +281,7 @@ impl Backend for SqliteBackend {
             // `ready_at`: a scheduled job is not claimable before it.
             max_delay: Some(Duration::MAX),
             order_per_key: true,
+            live_jobs: true,
         }
     }
 }
