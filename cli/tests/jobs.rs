@@ -171,4 +171,14 @@ async fn on_sqs_jobs_are_not_listed_and_the_counts_are_shown_instead() {
     let cancel = redrive(&backend, &schema, &["jobs", "cancel", "--key", "ship:n=1", "--reason", "r", "--by", "ada"]);
     assert_eq!(cancel.status.code(), Some(1));
     assert!(text(&cancel).1.contains("Unsupported"), "{:?}", text(&cancel));
+
+    // The dashboard's Jobs page says so too, and shows the counts instead.
+    let (_served, url) = common::serve(&backend, &schema, None);
+    let page = reqwest::get(format!("{url}/jobs")).await.unwrap();
+    assert_eq!(page.status(), reqwest::StatusCode::OK);
+    let page = page.text().await.unwrap();
+    assert!(page.contains("id=\"unlisted\"") && page.contains("cannot list its jobs"), "{page}");
+    assert!(page.contains("<th>queued</th>") && page.contains("<th>open records</th>"), "{page}");
+    let job = reqwest::get(format!("{url}/jobs/1")).await.unwrap();
+    assert_eq!(job.status(), reqwest::StatusCode::NOT_IMPLEMENTED);
 }
