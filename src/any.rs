@@ -59,8 +59,9 @@ use std::time::Duration;
 
 use redrive_core::kit::{Backend, Capabilities, Slot, Tokens};
 use redrive_core::{
-    Blocked, Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery, FailureRecord, Flow,
-    FlowEvent, KindFlow, Limits, NewJob, QueueStats, Rate, Replay, ReplayOutcome, Result,
+    Blocked, CancelOutcome, Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery,
+    FailureRecord, Flow, FlowEvent, JobId, JobQuery, Jobs, KindFlow, Limits, LiveJob, NewJob, QueueStats, Rate, Replay,
+    ReplayOutcome, Result,
 };
 
 /// The backend a URL named. Every variant is the backend's own type, so an application that
@@ -408,6 +409,22 @@ impl Replay for AnyBackend {
 impl QueueStats for AnyBackend {
     async fn counts(&self) -> Result<Counts> {
         on!(self, b => b.counts().await)
+    }
+}
+
+/// The live jobs of PostgreSQL and SQLite; a broker (SQS, Azure, QStash) refuses every call as
+/// [`Unsupported`](ErrorKind::Unsupported), and shows its [`counts`](QueueStats::counts) instead.
+impl Jobs for AnyBackend {
+    async fn list_jobs(&self, query: &JobQuery) -> Result<Vec<LiveJob>> {
+        on!(self, b => b.list_jobs(query).await)
+    }
+
+    async fn get_job(&self, id: &JobId) -> Result<LiveJob> {
+        on!(self, b => b.get_job(id).await)
+    }
+
+    async fn cancel_job(&self, id: &JobId, reason: &str, actor: &str) -> Result<CancelOutcome> {
+        on!(self, b => b.cancel_job(id, reason, actor).await)
     }
 }
 

@@ -1,6 +1,7 @@
 -- Renew a lease: the heartbeat, and the move of a started job from its claim lease to the full
--- lease, which marks it started (a lapse after this charges the attempt).
+-- lease, which marks it started (a lapse after this charges the attempt). `updated_at` stays the
+-- claim's time: what a running job's "since" reads.
 UPDATE {schema}.jobs
-SET locked_until = now() + make_interval(secs => $3), started = true, updated_at = now()
+SET locked_until = now() + make_interval(secs => $3), started = true
 WHERE id = $1 AND lease_token = $2 AND status = 'running'
 RETURNING id

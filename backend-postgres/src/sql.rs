@@ -96,6 +96,9 @@ queries!(
     flow_take_slot,
     flow_renew_slot,
     flow_release_slot,
+    list_jobs,
+    get_job,
+    cancel_job,
 );
 
 /// Runs a query string that was built from the files above.
@@ -107,7 +110,7 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, s
 /// schemas in one database migrate independently.
 pub(crate) fn migrator(schema: &str) -> Migrator {
     let quoted = format!("\"{schema}\"");
-    let files: [(i64, &str, &str); 9] = [
+    let files: [(i64, &str, &str); 10] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "done index", include_str!("../migrations/0002_done_index.sql")),
         (3, "contract v2", include_str!("../migrations/0003_contract_v2.sql")),
@@ -117,6 +120,7 @@ pub(crate) fn migrator(schema: &str) -> Migrator {
         (7, "flow", include_str!("../migrations/0007_flow.sql")),
         (8, "order", include_str!("../migrations/0008_order.sql")),
         (9, "replay confirm", include_str!("../migrations/0009_replay_confirm.sql")),
+        (10, "live", include_str!("../migrations/0010_live.sql")),
     ];
     let migrations = files
         .into_iter()

@@ -164,6 +164,36 @@ fn statements() -> Vec<Statement> {
         },
         Statement { name: "purge", sql: file!("purge"), types: "float8", args: |_| "0".into() },
         Statement {
+            name: "list_jobs, first page",
+            sql: file!("list_jobs"),
+            types: "bigint, text, text, timestamptz, timestamptz, bigint",
+            args: |_| "0, NULL, NULL, NULL, NULL, 100".into(),
+        },
+        Statement {
+            name: "list_jobs, filtered, a later page",
+            sql: file!("list_jobs"),
+            types: "bigint, text, text, timestamptz, timestamptz, bigint",
+            args: |s| format!("{}, 'k', 'queued', NULL, now() - interval '1 minute', 100", s.one().0),
+        },
+        Statement {
+            name: "get_job, by id",
+            sql: file!("get_job"),
+            types: "bigint, text",
+            args: |s| format!("{}, NULL", s.one().0),
+        },
+        Statement {
+            name: "get_job, by key",
+            sql: file!("get_job"),
+            types: "bigint, text",
+            args: |s| format!("NULL, '{}'", s.keys[0]),
+        },
+        Statement {
+            name: "cancel_job",
+            sql: file!("cancel_job"),
+            types: "bigint, text, text",
+            args: |s| format!("{}, 'superseded', 'ana'", s.one().0),
+        },
+        Statement {
             name: "ledger_begin",
             sql: file!("ledger_begin"),
             types: "text, text, uuid, float8, uuid",

@@ -76,6 +76,9 @@ mod text {
         flow_take_slot,
         flow_renew_slot,
         flow_release_slot,
+        list_jobs,
+        get_job,
+        cancel_job,
     );
 }
 
@@ -88,7 +91,7 @@ pub(crate) fn q(sql: &'static str) -> sqlx::query::Query<'static, Sqlite, Sqlite
 
 /// The embedded migrations, tracked in `_sqlx_migrations`.
 pub(crate) fn migrator() -> Migrator {
-    let files: [(i64, &str, &str); 7] = [
+    let files: [(i64, &str, &str); 8] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "broker records", include_str!("../migrations/0002_broker_records.sql")),
         (3, "deadline", include_str!("../migrations/0003_deadline.sql")),
@@ -96,6 +99,7 @@ pub(crate) fn migrator() -> Migrator {
         (5, "flow", include_str!("../migrations/0005_flow.sql")),
         (6, "order", include_str!("../migrations/0006_order.sql")),
         (7, "replay confirm", include_str!("../migrations/0007_replay_confirm.sql")),
+        (8, "live", include_str!("../migrations/0008_live.sql")),
     ];
     let migrations = files
         .into_iter()

@@ -1,7 +1,7 @@
 //! The hot path of flow control finds its rows by primary key, however many keys there are: every
 //! take of tokens or of a slot, every renewal and release; and the claim's order check reads the
-//! index of each order key's unfinished jobs, never the whole jobs table (`EXPLAIN QUERY PLAN`,
-//! never run).
+//! index of each order key's unfinished jobs, never the whole jobs table; the live jobs are read
+//! by primary key or key, never sorted (`EXPLAIN QUERY PLAN`, never run).
 
 mod common;
 
@@ -130,4 +130,68 @@ async fn the_order_check_reads_the_index_of_unfinished_jobs_and_never_scans_the_
         "order statements that scan the jobs or miss the order index:\n{}",
         failures.join("\n")
     );
+}
+
+/// The live jobs are listed from the primary key, from the page's `after` on, whatever the
+/// filters; a job is found by its id or its key's unique index; a cancel goes by primary key.
+#[tokio::test]
+async fn the_live_jobs_are_read_by_primary_key_or_key_and_never_sorted() {
+    let (backend, _dir) = common::backend().await;
+    let fill = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 30000) \
+                INSERT INTO redrive_jobs (kind, idempotency_key, provider_key, payload, fingerprint, severity, cap, \
+                                          status, ready_at, created_at, done_at) \
+                SELECT CASE WHEN i % 2 = 0 THEN 'ship' ELSE 'mail' END, 'ship:n=' || i, \
+                       '00000000-0000-0000-0000-000000000000', '{}', 'f', 'error', 3, \
+                       CASE WHEN i % 3 = 0 THEN 'done' ELSE 'queued' END, \
+                       CASE WHEN i % 3 = 0 THEN NULL ELSE i END, i, CASE WHEN i % 3 = 0 THEN i END \
+                FROM n";
+    sqlx::raw_sql(fill).execute(backend.pool()).await.expect("fill the jobs");
+    let now = "99999999";
+    let statements: [(&str, &str, Vec<Option<&str>>, &str); 5] = [
+        (
+            "list_jobs, first page",
+            include_str!("../queries/list_jobs.sql"),
+            vec![Some("0"), None, None, None, None, Some("50"), Some(now)],
+            "SEARCH redrive_jobs USING INTEGER PRIMARY KEY (rowid>?)",
+        ),
+        (
+            "list_jobs, filtered",
+            include_str!("../queries/list_jobs.sql"),
+            vec![Some("100"), Some("ship"), Some("queued"), Some("10"), Some("20000"), Some("50"), Some(now)],
+            "SEARCH redrive_jobs USING INTEGER PRIMARY KEY (rowid>?)",
+        ),
+        (
+            "get_job, by id",
+            include_str!("../queries/get_job.sql"),
+            vec![Some("17"), None, Some(now)],
+            "USING INTEGER PRIMARY KEY (rowid=?)",
+        ),
+        (
+            "get_job, by key",
+            include_str!("../queries/get_job.sql"),
+            vec![None, Some("ship:n=17"), Some(now)],
+            "(idempotency_key=?)",
+        ),
+        (
+            "cancel_job",
+            include_str!("../queries/cancel_job.sql"),
+            vec![Some("17"), Some(now), Some("superseded"), Some("ana")],
+            "USING INTEGER PRIMARY KEY (rowid=?)",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for moment in ["no statistics", "analyzed"] {
+        if moment == "analyzed" {
+            sqlx::raw_sql("ANALYZE").execute(backend.pool()).await.expect("analyze");
+        }
+        for (name, sql, bind, wanted) in &statements {
+            let steps = plan(backend.pool(), name, sql, bind).await;
+            let scans = steps.iter().any(|step| step == "SCAN redrive_jobs" || step.starts_with("SCAN redrive_jobs "));
+            let sorts = steps.iter().any(|step| step.contains("TEMP B-TREE"));
+            if scans || sorts || !steps.iter().any(|step| step.contains(wanted)) {
+                failures.push(format!("{moment}: {name}: {steps:#?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "live-job statements that scan or sort the jobs:\n{}", failures.join("\n"));
 }

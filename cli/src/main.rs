@@ -13,12 +13,18 @@
 //! redrive kind limit charge_order --concurrency 5 --rate 100/1s --by ada
 //! redrive kind list
 //! redrive kind resume charge_order --by ada
+//! redrive jobs list --state scheduled --kind charge_order
+//! redrive jobs show <JOB ID>
+//! redrive jobs cancel <JOB ID> --reason "the order was withdrawn" --by ada
+//! redrive jobs cancel --kind send_digest --state scheduled --reason "digest retired" --by ada --yes
 //! ```
 //!
-//! Exit codes: 0 done, 1 error, 2 nothing matched (no record with that id, an empty list, a bulk
-//! replay that found nothing, no order key blocked, no kind paused or limited, no flow history).
+//! Exit codes: 0 done, 1 error (a broker asked for its jobs: its counts are printed, then the
+//! refusal), 2 nothing matched (no record or job with that id, an empty list, a bulk replay or
+//! cancel that found nothing, no order key blocked, no kind paused or limited, no flow history).
 
 mod backends;
+mod jobs;
 mod kind;
 mod output;
 
@@ -31,7 +37,7 @@ use redrive::any::AnyBackend;
 use redrive::{DeadLetter, ErrorKind, FailureId, FailureQuery, QueueStats, Replay, ReplayOutcome, Severity};
 
 /// Read, replay, discard and purge failure records on any redrive backend; pause, resume and
-/// limit job kinds.
+/// limit job kinds; list and cancel live jobs.
 #[derive(Debug, Parser)]
 #[command(name = "redrive", version, about)]
 struct Cli {
@@ -114,6 +120,12 @@ enum Command {
     Kind {
         #[command(subcommand)]
         command: kind::Kind,
+    },
+    /// The live jobs where the backend stores them (PostgreSQL, SQLite): list, show, cancel. A
+    /// broker (SQS, Azure, QStash) cannot list its messages: its counts are shown instead.
+    Jobs {
+        #[command(subcommand)]
+        command: jobs::JobsCommand,
     },
 }
 
@@ -337,6 +349,7 @@ async fn run(cli: &Cli) -> redrive::Result<Done> {
             Ok(Done::Done)
         }
         Command::Kind { command } => kind::run(&target, &out, command).await,
+        Command::Jobs { command } => jobs::run(&target, &out, command).await,
     }
 }
 

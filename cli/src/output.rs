@@ -3,7 +3,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redrive::{Blocked, Counts, FailureRecord, FlowEvent, KindFlow, Limits, Paused, Rate, RecordState, ReplayOutcome};
+use redrive::{
+    Blocked, CancelOutcome, Counts, FailureRecord, FlowEvent, JobId, KindFlow, Limits, LiveJob, Paused, Rate,
+    RecordState, ReplayOutcome,
+};
 use serde_json::json;
 
 pub(crate) struct Output {
@@ -335,5 +338,77 @@ impl Output {
             .map(|e| [time(e.at), e.kind.clone(), e.action.as_str().into(), e.by.clone(), short(&e.detail, 80)])
             .collect();
         table(["AT (UTC)", "KIND", "WHAT", "BY", "DETAIL"], &rows);
+    }
+}
+
+impl Output {
+    pub(crate) fn jobs(&self, jobs: &[LiveJob]) {
+        if self.json {
+            return print_json(&jobs);
+        }
+        let rows: Vec<[String; 7]> = jobs
+            .iter()
+            .map(|j| {
+                [
+                    j.id.0.clone(),
+                    j.kind.clone(),
+                    j.key.to_string(),
+                    crate::jobs::state_text(j),
+                    format!("{}/{}", j.attempts, j.cap),
+                    time(j.created_at),
+                    j.run_at.map_or_else(|| "-".into(), time),
+                ]
+            })
+            .collect();
+        table(["ID", "KIND", "KEY", "STATE", "ATTEMPTS", "ENQUEUED (UTC)", "RUNS AT (UTC)"], &rows);
+        if let Some(last) = jobs.last() {
+            let plural = if jobs.len() == 1 { "" } else { "s" };
+            println!("\n{} job{plural}; the next page: --after {}", jobs.len(), last.id);
+        } else {
+            println!("no jobs match");
+        }
+    }
+
+    pub(crate) fn job(&self, j: &LiveJob) {
+        if self.json {
+            return print_json(j);
+        }
+        println!("job           {}", j.id);
+        println!("kind          {}", j.kind);
+        println!("key           {}", j.key);
+        println!("state         {}", j.state);
+        println!("attempts      {} of {}", j.attempts, j.cap);
+        println!("enqueued      {} UTC", time(j.created_at));
+        if let Some(at) = j.run_at {
+            println!("runs at       {} UTC", time(at));
+        }
+        if let Some(r) = &j.running {
+            let since = r.since.map_or_else(|| "not kept".into(), |t| format!("{} UTC", time(t)));
+            println!("running since {since}");
+            println!("lease until   {} UTC (which worker holds it is not recorded)", time(r.lease_until));
+        }
+        if let Some(c) = &j.cancelled {
+            println!("cancelled     {} UTC by {}: {}", time(c.at), c.actor, c.reason);
+        }
+        println!("errors");
+        for e in &j.errors {
+            println!("  #{:<3} {}  {}", e.attempt, time(e.at), short(&e.error, 100));
+        }
+        println!("payload");
+        let payload = serde_json::to_string_pretty(&j.payload).expect("serializes");
+        for line in payload.lines() {
+            println!("  {line}");
+        }
+    }
+
+    pub(crate) fn cancelled(&self, id: &JobId, outcome: &CancelOutcome) {
+        if self.json {
+            let (cancelled, already) = match outcome {
+                CancelOutcome::Cancelled => (true, None),
+                CancelOutcome::AlreadyCancelled(c) => (false, Some(c)),
+            };
+            return print_json(&json!({ "job": id, "cancelled": cancelled, "already_cancelled": already }));
+        }
+        println!("{}", crate::jobs::outcome_text(id, outcome));
     }
 }

@@ -16,7 +16,7 @@
 //! control: a handler's "not now", a timeout per kind, a paused kind, a circuit breaker through an
 //! outage, a rate limit, and concurrency limits per kind and per key (kept in the ledger's flow
 //! store, shared by every worker), and order per key through a failure. Then replays settled by
-//! their job: failed again, and amended.
+//! their job (failed again, and amended), and the cancel of a queued job.
 //!
 //! | # | scenario | the invariant |
 //! |---|---|---|
@@ -64,6 +64,7 @@
 //! | 42 | [`ordered_through_failure`] | jobs of one order key: in enqueue order, one at a time, held behind an open record until its replay or discard; refused where order is not kept |
 //! | 43 | [`replay_failed_again`] | a replay whose job fails again: the old record names the new one and the new one it, never confirmed; the new one's replay confirmed |
 //! | 44 | [`amended_replay`] | a replay with a corrected payload under the same keys: audited, run once with it, both payloads kept, confirmed; a plain enqueue of another payload still a `KeyConflict`; refused where the backend cannot amend |
+//! | 45 | [`cancel`] | a queued or scheduled job cancelled by id or key: never runs, stays cancelled with its audit, its key taken; refused where jobs are not listed |
 //!
 //! # Running it against your backend
 //!
@@ -109,6 +110,7 @@ mod frozen;
 mod harness;
 mod leases;
 mod limits;
+mod live;
 mod logs;
 mod order;
 mod process;
@@ -133,6 +135,7 @@ pub use flow::{not_now, timeout};
 pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
 pub use leases::{dead_worker, graceful_shutdown, slow_handler, stale_lease, stranded_claims};
 pub use limits::*;
+pub use live::cancel;
 pub use order::ordered_through_failure;
 pub use process::{EnqueueJobs, hang_until_killed, is_killed_child, kill_worker_mid_job};
 pub use receipts::*;
@@ -293,7 +296,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 44] = [
+pub const SCENARIOS: [&str; 45] = [
     "replay",
     "race",
     "exhaust",
@@ -338,6 +341,7 @@ pub const SCENARIOS: [&str; 44] = [
     "ordered_through_failure",
     "replay_failed_again",
     "amended_replay",
+    "cancel",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -351,7 +355,7 @@ macro_rules! suite {
             alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled
             settle_retried payload_limits no_receipt_in_logs atomic_batch claim_by_kind crash_refunds max_delay
             not_now timeout paused_kind outage_storm rate_limited kind_concurrency key_concurrency
-            ordered_through_failure replay_failed_again amended_replay);
+            ordered_through_failure replay_failed_again amended_replay cancel);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

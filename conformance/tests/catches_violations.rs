@@ -15,8 +15,9 @@ use redrive_core::kit::{
     Backend, Begin, Capabilities, Claim, Claimed, Hold, Kinds, Lease, Ledger, Renew, require_audit,
 };
 use redrive_core::{
-    DeadLetter, Enqueue, Enqueued, FailureId, FailureQuery, FailureRecord, IdempotencyKey, MemoryBackend, NewJob,
-    ProviderKey, RecordState, Replay, ReplayOutcome, Result,
+    CancelOutcome, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery, FailureRecord,
+    IdempotencyKey, JobId, JobQuery, Jobs, LiveJob, MemoryBackend, NewJob, ProviderKey, RecordState, Replay,
+    ReplayOutcome, Result,
 };
 use serde_json::Value;
 
@@ -110,6 +111,10 @@ enum Fault {
     ConfirmsFailures,
     /// An amended replay replays the record's own payload, dropping the correction.
     AmendIgnored,
+    /// A cancel answers as if it had cancelled, and leaves the job queued: it runs.
+    CancelIgnored,
+    /// Declares no live jobs (`DeclaresLess`), yet lists and cancels them.
+    ListsAnyway,
 }
 
 impl Broken {
@@ -137,6 +142,7 @@ impl Backend for Broken {
             crash_refunds: false,
             max_delay: None,
             order_per_key: false,
+            live_jobs: false,
             ..declared
         }
     }
@@ -332,6 +338,38 @@ impl DeadLetter for Broken {
     }
     async fn blocked(&self) -> Result<Vec<redrive_core::Blocked>> {
         self.0.blocked().await
+    }
+}
+
+impl Broken {
+    /// Whether it refuses live jobs, as it declares.
+    fn unlisted(&self) -> Result<()> {
+        if self.has(Fault::DeclaresLess) && !self.has(Fault::ListsAnyway) {
+            return Err(Error::new(ErrorKind::Unsupported, "declared: no live jobs"));
+        }
+        Ok(())
+    }
+}
+
+impl Jobs for Broken {
+    async fn list_jobs(&self, query: &JobQuery) -> Result<Vec<LiveJob>> {
+        self.unlisted()?;
+        self.0.list_jobs(query).await
+    }
+
+    async fn get_job(&self, id: &JobId) -> Result<LiveJob> {
+        self.unlisted()?;
+        self.0.get_job(id).await
+    }
+
+    async fn cancel_job(&self, id: &JobId, reason: &str, actor: &str) -> Result<CancelOutcome> {
+        self.unlisted()?;
+        if self.has(Fault::CancelIgnored) {
+            redrive_core::kit::require_cancel_audit(reason, actor)?;
+            self.0.get_job(id).await?;
+            return Ok(CancelOutcome::Cancelled);
+        }
+        self.0.cancel_job(id, reason, actor).await
     }
 }
 
@@ -619,6 +657,20 @@ async fn a_backend_that_declares_less_is_held_to_less() {
     redrive_conformance::check(redrive_conformance::crash_refunds(less(Fault::ClaimsStart)).await);
     redrive_conformance::check(redrive_conformance::max_delay(less(Fault::WorkerSchedules)).await);
     redrive_conformance::check(redrive_conformance::ordered_through_failure(less(Fault::DeclaresLess)).await);
+    redrive_conformance::check(redrive_conformance::cancel(less(Fault::DeclaresLess)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_leaves_the_job_queued_fails_cancel() {
+    let violation = redrive_conformance::cancel(broken(&[Fault::CancelIgnored], timing())).await.unwrap_err();
+    assert!(violation.message.contains("a second cancel should change nothing"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_jobs_while_declaring_none_fails_cancel() {
+    let subject = broken(&[Fault::DeclaresLess, Fault::ListsAnyway], timing());
+    let violation = redrive_conformance::cancel(subject).await.unwrap_err();
+    assert!(violation.message.contains("refused as Unsupported"), "{violation}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

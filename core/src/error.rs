@@ -31,6 +31,9 @@ pub enum ErrorKind {
     /// The payload holds what the backend cannot store or send as it is (a NUL character in
     /// PostgreSQL's `jsonb`), refused before anything is sent rather than changed.
     InvalidPayload,
+    /// The backend cannot do this: a broker cannot list or cancel the jobs it holds, and a
+    /// running job cannot be cancelled yet.
+    Unsupported,
 }
 
 /// Whether trying the same call again can succeed.

@@ -47,8 +47,8 @@ pub mod broker;
 pub use crate::alert::BoxFuture;
 pub use crate::backend::{
     AttemptError, Backend, Begin, Capabilities, Claim, Claimed, Dedupe, Hold, Kinds, Lease, Ledger, NoFlow, NoRenewal,
-    Renew, Slot, Tokens, check_kind, check_pause, gcra, rate_columns, refuse_amend, require_audit, require_history,
-    stored_count, stored_rate,
+    Renew, Slot, Tokens, check_cancel, check_kind, check_pause, gcra, rate_columns, refuse_amend, require_audit,
+    require_cancel_audit, require_history, stored_count, stored_rate,
 };
 pub use crate::envelope::{ENVELOPE_VERSION, Envelope};
 pub use crate::job::{JobRecord, payload_fingerprint};

@@ -74,9 +74,9 @@ pub mod worker;
 pub use alert::WebhookAlerts;
 pub use alert::{Alert, AlertSink, AlertSinkExt, BoxFuture, PauseAlert, TracingAlerts};
 pub use backend::{
-    BREAKER, Blocked, Counts, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId, FailureQuery, FailureRecord, Flow,
-    FlowAction, FlowEvent, KindFlow, Limits, Paused, QueueStats, QueueStatsExt, Rate, RecordState, Replay, ReplayExt,
-    ReplayOutcome,
+    BREAKER, Blocked, CancelOutcome, Cancellation, Counts, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId,
+    FailureQuery, FailureRecord, Flow, FlowAction, FlowEvent, JobQuery, JobState, Jobs, JobsExt, KindFlow, Limits,
+    LiveJob, Paused, QueueStats, QueueStatsExt, Rate, RecordState, Replay, ReplayExt, ReplayOutcome, Running,
 };
 pub use error::{Error, ErrorKind, Result, Retry};
 pub use job::{DEFAULT_CAP, Job, JobContext, JobError, JobId, JobRecord, MAX_ORDER_KEY, NewJob, Retrying, Severity};

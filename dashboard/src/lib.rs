@@ -2,6 +2,9 @@
 //! severity, one record's payload beside its error history, replay and discard with a
 //! confirmation, bulk replay of a filter with its progress, the audit trail (who closed each
 //! record and why, as the records keep it), the queue's depth, and a Prometheus `/metrics`.
+//! A Jobs page lists the live jobs where the backend stores them (queued, scheduled, running,
+//! done, failed, cancelled; filtered by kind, key, state and age), shows one with its payload and
+//! errors so far, and cancels a queued or scheduled one with a confirmation.
 //! Given a flow store ([`Dashboard::with_flow`]), a Kinds page too: paused kinds with who, why
 //! and since, each kind's limits and their history; pause (with a confirmation), resume and set
 //! limits.
@@ -43,6 +46,7 @@
 mod auth;
 mod bulk;
 mod filter;
+mod jobs;
 mod kinds;
 mod pages;
 mod views;
@@ -59,17 +63,18 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum_extra::extract::cookie::CookieJar;
 use metrics_exporter_prometheus::PrometheusHandle;
-use redrive_core::{DeadLetter, Error, ErrorKind, Flow, QueueStats, Replay, Result};
+use redrive_core::{DeadLetter, Error, ErrorKind, Flow, Jobs, QueueStats, Replay, Result};
 use tokio::net::TcpListener;
 
 use crate::auth::{Auth, CSRF_COOKIE, Client, Https};
 use crate::kinds::FlowStore;
 
-/// What the dashboard needs of a backend: its failure records, replay, and its queue's counts.
-/// Every redrive backend is one.
-pub trait Records: DeadLetter + Replay + QueueStats + 'static {}
+/// What the dashboard needs of a backend: its failure records, replay, its queue's counts, and
+/// its live jobs (a broker refuses those, and the Jobs page shows its counts instead). Every
+/// redrive backend is one.
+pub trait Records: DeadLetter + Replay + QueueStats + Jobs + 'static {}
 
-impl<T: DeadLetter + Replay + QueueStats + 'static> Records for T {}
+impl<T: DeadLetter + Replay + QueueStats + Jobs + 'static> Records for T {}
 
 /// The dashboard over one backend. Build it, then [`serve`](Self::serve) it or mount its
 /// [`router`](Self::router) in your own axum app.
@@ -158,6 +163,7 @@ impl<B: Records> Dashboard<B> {
         });
         pages::routes::<B>()
             .merge(kinds::routes::<B>())
+            .merge(jobs::routes::<B>())
             .route("/metrics", get(pages::metrics::<B>))
             .route("/logout", get(auth::sign_out_page::<B>).post(auth::sign_out::<B>))
             .layer(middleware::from_fn_with_state(app.clone(), guard::<B>))

@@ -73,6 +73,7 @@ pub(crate) fn failed(e: redrive_core::Error) -> Response {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::InvalidName | ErrorKind::InvalidKey => StatusCode::BAD_REQUEST,
         ErrorKind::InvalidInput => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
         _ => StatusCode::BAD_GATEWAY,
     };
     problem(status, e.to_string())

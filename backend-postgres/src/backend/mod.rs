@@ -20,6 +20,7 @@ mod broker_records;
 mod claim;
 mod dead_letters;
 mod flow;
+mod jobs;
 mod ledger;
 mod scan_floor;
 
@@ -400,6 +401,7 @@ impl Backend for PgBackend {
             max_delay: Some(Duration::MAX),
             order_per_key: true,
             amend_replay: true,
+            live_jobs: true,
         }
     }
 }

@@ -287,6 +287,8 @@ impl Backend for QStashBackend {
             order_per_key: false,
             // Its effect ledger is kept apart from its records.
             amend_replay: false,
+            // Its messages cannot be listed, nor one taken out by id.
+            live_jobs: false,
         }
     }
 }

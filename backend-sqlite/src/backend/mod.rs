@@ -22,6 +22,7 @@ mod claim;
 mod completer;
 mod dead_letters;
 mod flow;
+mod jobs;
 mod ledger;
 
 /// redrive on SQLite: the queue, the failure records and the effect ledger in one file (beside
@@ -281,6 +282,7 @@ impl Backend for SqliteBackend {
             max_delay: Some(Duration::MAX),
             order_per_key: true,
             amend_replay: true,
+            live_jobs: true,
         }
     }
 }

@@ -527,6 +527,8 @@ impl Backend for SqsBackend {
             order_per_key: false,
             // Its effect ledger is kept apart from its records.
             amend_replay: false,
+            // A queue's messages cannot be listed, nor one taken out by id.
+            live_jobs: false,
         }
     }
 }

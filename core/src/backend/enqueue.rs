@@ -15,8 +15,9 @@ use crate::key::ProviderKey;
 pub enum Enqueued {
     /// A new job; its provider key is the one the enqueued job was minted with.
     Created(JobId),
-    /// A job with this key and payload already exists (or is within the dedupe window); the
-    /// job just offered was dropped, its provider key with it.
+    /// A job with this key and payload already exists (or is within the dedupe window), a
+    /// cancelled one included (see [`Jobs::cancel_job`](super::Jobs::cancel_job)); the job just
+    /// offered was dropped, its provider key with it.
     Duplicate {
         /// The existing job.
         id: JobId,

@@ -11,6 +11,7 @@
 //! | [`Ledger`] | the effect ledger: fresh / pending / done per key, with the key's provider key |
 //! | [`Flow`] | optional, in the ledger's database: paused kinds, limits, rate buckets and concurrency slots |
 //! | [`QueueStats`] | how many jobs are queued and running |
+//! | [`Jobs`] | optional, where the jobs are stored: the live jobs listed, read and cancelled |
 //!
 //! Conveniences (typed jobs, replay by filter, waiting for a queue to drain) live in
 //! [`EnqueueExt`], [`ReplayExt`] and [`QueueStatsExt`].
@@ -28,6 +29,7 @@ mod claim;
 mod dead_letter;
 mod enqueue;
 mod flow;
+mod jobs;
 mod ledger;
 mod stats;
 
@@ -42,6 +44,10 @@ pub use enqueue::{Enqueue, EnqueueExt, Enqueued};
 pub use flow::{
     BREAKER, Flow, FlowAction, FlowEvent, KindFlow, Limits, NoFlow, Paused, Rate, Slot, Tokens, check_kind,
     check_pause, gcra, rate_columns, require_history, stored_count, stored_rate,
+};
+pub use jobs::{
+    CancelOutcome, Cancellation, JobQuery, JobState, Jobs, JobsExt, LiveJob, Running, check_cancel,
+    require_cancel_audit,
 };
 pub use ledger::{Begin, Hold, Ledger};
 pub use stats::{Counts, QueueStats, QueueStatsExt};
@@ -108,11 +114,15 @@ pub struct Capabilities {
     /// fingerprint moves with the payload). Otherwise it refuses with
     /// [`InvalidInput`](crate::ErrorKind::InvalidInput). Held to by the suite's `amended_replay`.
     pub amend_replay: bool,
+    /// The backend lists its jobs and cancels queued ones ([`Jobs`]: memory, PostgreSQL,
+    /// SQLite). Otherwise (a broker holds its messages unlisted) every [`Jobs`] call is refused
+    /// as [`Unsupported`](crate::ErrorKind::Unsupported). Held to by the suite's `cancel`.
+    pub live_jobs: bool,
 }
 
 impl Default for Capabilities {
     /// What a queue can be held to at the least, with everything else the in-memory backend does:
-    /// no order per key (a backend that keeps it says so), at 256 KiB.
+    /// no order per key and no live jobs (a backend that has them says so), at 256 KiB.
     fn default() -> Self {
         Self {
             dedupe: Dedupe::Kept,
@@ -126,6 +136,7 @@ impl Default for Capabilities {
             max_delay: Some(Duration::MAX),
             order_per_key: false,
             amend_replay: false,
+            live_jobs: false,
         }
     }
 }

@@ -23,6 +23,7 @@ use crate::job::{JobId, JobRecord, NewJob};
 use crate::key::IdempotencyKey;
 
 mod flow;
+mod jobs;
 mod ledger;
 mod records;
 #[cfg(test)]
@@ -62,6 +63,10 @@ struct StoredJob {
     stranded: u32,
     status: Status,
     errors: Vec<AttemptError>,
+    /// When its status last changed (a renewal is not a change).
+    updated_at: chrono::DateTime<Utc>,
+    /// Set with `Status::Done` when it was cancelled unrun.
+    cancelled: Option<crate::backend::Cancellation>,
 }
 
 impl StoredJob {
@@ -201,6 +206,8 @@ impl State {
             stranded: 0,
             status,
             errors: vec![],
+            updated_at: Utc::now(),
+            cancelled: None,
         };
         self.jobs.insert(id, stored);
         Ok(Enqueued::Created(JobId(id.to_string())))
@@ -242,6 +249,7 @@ impl State {
             }
             stored.attempts += 1;
             stored.started = false;
+            stored.updated_at = Utc::now();
             let token = token();
             stored.status = Status::Running { token: token.clone(), expires: now + lease };
             claimed.push(Claimed {
@@ -260,6 +268,7 @@ impl Backend for MemoryBackend {
             max_payload: self.max_payload,
             order_per_key: true,
             amend_replay: true,
+            live_jobs: true,
             ..Capabilities::default()
         }
     }
@@ -322,6 +331,7 @@ impl Claim for MemoryBackend {
         let mut state = self.lock();
         let job = Self::fenced(&mut state, lease)?;
         job.status = Status::Done;
+        job.updated_at = Utc::now();
         if job.job.order_key.is_some() {
             // The next job of its order key may run now.
             self.work.notify_waiters();
@@ -342,6 +352,7 @@ impl Claim for MemoryBackend {
         let job = Self::fenced(&mut state, lease)?;
         job.errors.push(AttemptError { attempt: job.attempts, at: Utc::now(), error: error.to_owned() });
         job.status = Status::Queued { ready_at: Instant::now() + delay };
+        job.updated_at = Utc::now();
         drop(state);
         self.work.notify_waiters();
         Ok(())
@@ -360,6 +371,7 @@ impl Claim for MemoryBackend {
         let job = Self::fenced(&mut state, &claimed.lease)?;
         let now = Utc::now();
         job.status = Status::Failed;
+        job.updated_at = now;
         job.errors.push(AttemptError { attempt: job.attempts, at: now, error: error.to_owned() });
         let errors = std::mem::take(&mut job.errors);
         let job = job.record(parse_id(&claimed.lease.job_id.0)?);
@@ -395,6 +407,7 @@ impl MemoryBackend {
         let job = Self::fenced(&mut state, lease)?;
         job.attempts -= 1;
         job.status = Status::Queued { ready_at: Instant::now() + delay };
+        job.updated_at = Utc::now();
         drop(state);
         self.work.notify_waiters();
         Ok(())

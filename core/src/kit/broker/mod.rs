@@ -33,6 +33,7 @@ mod dead_letters;
 mod drain;
 mod held;
 mod history;
+mod jobs;
 
 pub use self::convert::{Known, carried_job, dead_record};
 pub use self::dead_letters::{REPLAY_WINDOW, confirm_replay};
