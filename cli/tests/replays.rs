@@ -221,6 +221,23 @@ async fn six_steps<Q: Enqueue + Claim + DeadLetter + Clone + 'static, L: Ledger 
         &["--json", "replay", &bad_id, "--amend", r#"{"address": "x"}"#, "--by", "ada", "--reason", "again"],
     ));
     assert_eq!(closed["replayed"], false, "{closed}");
+
+    // A replayed job cancelled before it runs: its record will never be settled by it, so the
+    // cancel closes it as discarded, with the cancel's why and who.
+    let doomed = Ship { parcel: 9, address: "malformed".into() };
+    queue.enqueue(NewJob::from_job(&doomed).unwrap()).await.unwrap();
+    let w = worker(queue.clone(), ledger.clone(), &carrier);
+    let open = open_records(backend, schema, 1).await;
+    w.shutdown().await;
+    let doomed_id = open[0]["id"].as_str().unwrap().to_owned();
+    let job_id = open[0]["job_id"].as_str().unwrap().to_owned();
+    json_of(&run(backend, schema, &["--json", "replay", &doomed_id, "--by", "ada"]));
+    let cancel = run(backend, schema, &["jobs", "cancel", &job_id, "--reason", "order withdrawn", "--by", "bo"]);
+    assert_eq!(cancel.status.code(), Some(0), "{}", String::from_utf8_lossy(&cancel.stderr));
+    let record = shown(backend, schema, &doomed_id);
+    assert_eq!(record["state"]["state"], "discarded", "{record}");
+    assert_eq!(record["state"]["reason"], "its replayed job was cancelled: order withdrawn");
+    assert_eq!(record["state"]["actor"], "bo");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -206,10 +206,18 @@ impl PgBackend {
             }
             None => {
                 let record = self.get(id).await?;
-                if record.state.is_open() {
-                    return Err(Error::new(ErrorKind::NotFound, format!("the job of record {id} is gone")));
+                match (record.state.is_open(), amended) {
+                    (true, Some(_)) => Err(Error::new(
+                        ErrorKind::InvalidInput,
+                        format!(
+                            "record {id}: the effect of key {} may have happened (its job is not failed, or the key is \
+                             done in the ledger); nothing was amended",
+                            record.key
+                        ),
+                    )),
+                    (true, None) => Err(Error::new(ErrorKind::NotFound, format!("the job of record {id} is gone"))),
+                    (false, _) => Ok(ReplayOutcome::AlreadyClosed(record.state)),
                 }
-                Ok(ReplayOutcome::AlreadyClosed(record.state))
             }
         }
     }

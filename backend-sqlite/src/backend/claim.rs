@@ -230,20 +230,34 @@ impl Claim for SqliteBackend {
             .bind(text("severity"))
             .bind(first_failed_at.timestamp_millis())
             .bind(now.timestamp_millis())
-            .bind(replay_of)
+            // Named below, once the replayed record is linked to this one.
+            .bind(None::<i64>)
             .fetch_one(&mut *tx)
             .await
             .map_err(|e| db(e, "write the failure record"))?;
         let record_id: i64 = inserted.get("id");
+        let mut linked = None;
         if let Some(replayed) = replay_of {
-            // The replayed record names the new one, as the new one names it.
-            q(sql::failed_again)
+            // The replayed record names the new one, as the new one names it: only if it is
+            // still this job's replaying record.
+            let named = q(sql::failed_again)
                 .bind(replayed)
                 .bind(now.timestamp_millis())
                 .bind(record_id)
+                .bind(id)
                 .execute(&mut *tx)
                 .await
-                .map_err(|e| db(e, "link the replayed record"))?;
+                .map_err(|e| db(e, "link the replayed record"))?
+                .rows_affected();
+            if named == 1 {
+                q(sql::record_replay_of)
+                    .bind(record_id)
+                    .bind(replayed)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db(e, "link the replayed record"))?;
+                linked = Some(FailureId(replayed.to_string()));
+            }
         }
         tx.commit().await.map_err(|e| db(e, "commit dead-letter"))?;
         Ok(Some(FailureRecord {
@@ -262,7 +276,7 @@ impl Claim for SqliteBackend {
             first_failed_at,
             last_failed_at: now,
             state: RecordState::Open,
-            replay_of: replay_of.map(|id| FailureId(id.to_string())),
+            replay_of: linked,
             amended: None,
         }))
     }

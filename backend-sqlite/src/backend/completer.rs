@@ -74,7 +74,13 @@ async fn write(writer: &SqlitePool, batch: &[Completion]) -> Result<Vec<Done>> {
             .map_err(|e| db(e, "complete"))?;
         // A replayed job's completion confirms its record, in the same transaction.
         if let Some(record) = row.as_ref().and_then(|row| row.try_get::<Option<i64>, _>("replay_of").ok().flatten()) {
-            q(sql::confirm).bind(record).bind(now).execute(&mut *tx).await.map_err(|e| db(e, "confirm a replay"))?;
+            q(sql::confirm)
+                .bind(record)
+                .bind(now)
+                .bind(c.id)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db(e, "confirm a replay"))?;
         }
         // A flag that does not read back wakes the claims for nothing, which costs a look.
         found.push(row.map_or(Done::LeaseLost, |row| Done::Done { ordered: row.try_get("ordered").unwrap_or(true) }));

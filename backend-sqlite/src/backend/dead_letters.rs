@@ -229,6 +229,18 @@ impl SqliteBackend {
             Some(payload) => {
                 let job = NewJob::new(record.kind.clone(), record.key.clone(), payload.clone())?;
                 job.check_size(self.inner.config.max_payload)?;
+                let done: bool = q(sql::key_done)
+                    .bind(record.key.as_str())
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(|e| db(e, "read the key's ledger"))?
+                    .get("done");
+                if done {
+                    return Err(Error::new(
+                        ErrorKind::InvalidInput,
+                        format!("record {id}: the effect of key {} has happened; nothing was amended", record.key),
+                    ));
+                }
                 Some((payload.to_string(), job.fingerprint()))
             }
             None => None,

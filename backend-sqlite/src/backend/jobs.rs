@@ -97,14 +97,28 @@ impl Jobs for SqliteBackend {
     async fn cancel_job(&self, id: &JobId, reason: &str, actor: &str) -> Result<CancelOutcome> {
         require_cancel_audit(reason, actor)?;
         let n = id.0.parse::<i64>().map_err(|_| no_job(id))?;
+        let now = now_ms();
+        let mut tx = self.write().await?;
         let row = q(sql::cancel_job)
             .bind(n)
-            .bind(now_ms())
+            .bind(now)
             .bind(reason.to_owned())
             .bind(actor.to_owned())
-            .fetch_optional(&self.inner.writer)
+            .fetch_optional(&mut *tx)
             .await
             .map_err(|e| db(e, "cancel job"))?;
+        if row.is_some() {
+            // A replayed job's record will never be settled by it: closed with the cancel.
+            q(sql::cancel_replay)
+                .bind(n)
+                .bind(now)
+                .bind(reason.to_owned())
+                .bind(actor.to_owned())
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db(e, "cancel job"))?;
+        }
+        tx.commit().await.map_err(|e| db(e, "cancel job"))?;
         if let Some(row) = row {
             let (kind, key): (String, String) = (row.get("kind"), row.get("idempotency_key"));
             info!(job_id = %id, kind, key, actor, "job cancelled");

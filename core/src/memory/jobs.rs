@@ -6,7 +6,8 @@ use tracing::info;
 
 use super::{MemoryBackend, Status, StoredJob, parse_id};
 use crate::backend::{
-    CancelOutcome, Cancellation, JobQuery, JobState, Jobs, LiveJob, Running, check_cancel, require_cancel_audit,
+    CancelOutcome, Cancellation, JobQuery, JobState, Jobs, LiveJob, RecordState, Running, check_cancel,
+    require_cancel_audit,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::JobId;
@@ -85,8 +86,19 @@ impl Jobs for MemoryBackend {
         job.updated_at = at;
         job.cancelled = Some(Cancellation { at, reason: reason.to_owned(), actor: actor.to_owned() });
         info!(job_id = %id, kind = %job.job.kind, key = %job.job.key, actor, "job cancelled");
+        let ordered = job.job.order_key.is_some();
+        // A replayed job's record will never be settled by it: closed with the cancel.
+        for record in state.records.values_mut().filter(|r| r.job_id == *id && !r.state.is_open()) {
+            if let RecordState::Replaying { .. } = record.state {
+                record.state = RecordState::Discarded {
+                    at,
+                    reason: format!("its replayed job was cancelled: {reason}"),
+                    actor: actor.to_owned(),
+                };
+            }
+        }
         // Its order key's later jobs no longer wait for it.
-        if job.job.order_key.is_some() {
+        if ordered {
             drop(state);
             self.work.notify_waiters();
         }
