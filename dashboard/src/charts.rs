@@ -92,11 +92,12 @@ impl Hourly {
     }
 }
 
-/// A chart's highest value rounded up to 1, 2 or 5 times a power of ten (at least 1).
+/// A chart's top: its highest value rounded up to 2, 4, 6, 8 or 10 times a power of ten (at
+/// least 2), so that the gridline halfway is a whole number too.
 fn nice_max(max: f64) -> f64 {
     let mut step = 1.0;
     loop {
-        for m in [1.0, 2.0, 5.0] {
+        for m in [2.0, 4.0, 6.0, 8.0, 10.0] {
             if max <= step * m {
                 return step * m;
             }
@@ -106,11 +107,11 @@ fn nice_max(max: f64) -> f64 {
 }
 
 // The drawing area of every chart, in SVG units (the SVG scales to the page's width).
-const WIDTH: f64 = 960.0;
-const LEFT: f64 = 56.0;
+const WIDTH: f64 = 800.0;
+const LEFT: f64 = 48.0;
 const RIGHT: f64 = 12.0;
 const TOP: f64 = 34.0;
-const PLOT: f64 = 180.0;
+const PLOT: f64 = 170.0;
 const HEIGHT: f64 = TOP + PLOT + 26.0;
 
 /// An SVG's opening tag and the y axis (gridlines at 0, half and the top, labelled by `label`).
@@ -124,8 +125,9 @@ fn frame_svg(out: &mut String, id: &str, what: &str, top: f64, label: impl Fn(f6
         let y = TOP + PLOT * (1.0 - part);
         let _ = write!(
             out,
-            r##"<line x1="{LEFT}" x2="{}" y1="{y}" y2="{y}" stroke="#e3e6eb"/><text x="{}" y="{}" text-anchor="end" fill="#5d6470">{}</text>"##,
+            r##"<line x1="{LEFT}" x2="{}" y1="{y}" y2="{y}" stroke="{}"/><text x="{}" y="{}" text-anchor="end" fill="#5d6470">{}</text>"##,
             WIDTH - RIGHT,
+            if part == 0.0 { "#9aa0aa" } else { "#e3e6eb" },
             LEFT - 6.0,
             y + 4.0,
             escape(&label(top * part))
@@ -143,40 +145,71 @@ fn hour_label(out: &mut String, x: f64, at: DateTime<Utc>) {
     );
 }
 
-/// Stacked bars per hour, one colour per kind (the seven busiest; the rest as "other kinds"),
-/// a legend above, each bar's count in its `<title>`.
-fn bars(id: &str, what: &str, verb: &str, start: DateTime<Utc>, by_kind: &BTreeMap<String, [u64; HOURS]>) -> String {
-    let mut kinds: Vec<(&str, [u64; HOURS])> = by_kind.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    kinds.sort_by_key(|(kind, counts)| (std::cmp::Reverse(counts.iter().sum::<u64>()), *kind));
-    if kinds.len() > COLOURS.len() {
-        let mut other = [0; HOURS];
-        for (_, counts) in kinds.drain(COLOURS.len() - 1..) {
-            other.iter_mut().zip(counts).for_each(|(o, c)| *o += c);
-        }
-        kinds.push(("other kinds", other));
+/// What stands for the kinds past the seventh.
+const OTHER: &str = "other kinds";
+
+/// The bars' kinds and colours, busiest first (opened and closed together), so that a kind has
+/// the same colour in both charts; past seven kinds the quietest share one, [`OTHER`].
+fn legend(hourly: &Hourly) -> Vec<(String, &'static str)> {
+    let mut totals: BTreeMap<&str, u64> = BTreeMap::new();
+    for (kind, counts) in hourly.opened.iter().chain(&hourly.closed) {
+        *totals.entry(kind).or_default() += counts.iter().sum::<u64>();
     }
-    let colour = |i: usize| if i < COLOURS.len() - 1 || by_kind.len() <= COLOURS.len() { COLOURS[i] } else { OTHER_COLOUR };
-    let totals: Vec<u64> = (0..HOURS).map(|h| kinds.iter().map(|(_, c)| c[h]).sum()).collect();
+    let mut kinds: Vec<(&str, u64)> = totals.into_iter().collect();
+    kinds.sort_by_key(|(kind, n)| (std::cmp::Reverse(*n), *kind));
+    let fold = kinds.len() > COLOURS.len();
+    let coloured = if fold { COLOURS.len() - 1 } else { COLOURS.len() };
+    let mut legend: Vec<_> = kinds.iter().take(coloured).zip(COLOURS).map(|((k, _), c)| (k.to_string(), c)).collect();
+    if fold {
+        legend.push((OTHER.into(), OTHER_COLOUR));
+    }
+    legend
+}
+
+/// A legend's entries in a row above a chart.
+fn keys<'a>(out: &mut String, entries: impl Iterator<Item = (&'a str, &'a str)>) {
+    let mut x = LEFT;
+    for (name, colour) in entries {
+        let _ = write!(
+            out,
+            r##"<rect class="key" x="{x}" y="8" width="12" height="12" fill="{colour}"/><text x="{}" y="18">{}</text>"##,
+            x + 16.0,
+            escape(name)
+        );
+        x += 16.0 + 7.0 * name.chars().count().min(40) as f64 + 18.0;
+    }
+}
+
+/// Stacked bars per hour, a colour per kind as `legend` gives them, each bar's count in its
+/// `<title>`.
+fn bars(
+    id: &str,
+    what: &str,
+    verb: &str,
+    start: DateTime<Utc>,
+    by_kind: &BTreeMap<String, [u64; HOURS]>,
+    legend: &[(String, &str)],
+) -> String {
+    let mut kinds: Vec<[u64; HOURS]> = vec![[0; HOURS]; legend.len()];
+    for (kind, counts) in by_kind {
+        let i = legend.iter().position(|(k, _)| k == kind).unwrap_or(legend.len().saturating_sub(1));
+        if let Some(sum) = kinds.get_mut(i) {
+            sum.iter_mut().zip(counts).for_each(|(s, c)| *s += c);
+        }
+    }
+    let totals: Vec<u64> = (0..HOURS).map(|h| kinds.iter().map(|c| c[h]).sum()).collect();
     let top = nice_max(totals.iter().copied().max().unwrap_or(0) as f64);
     let mut out = String::new();
     frame_svg(&mut out, id, what, top, |v| format!("{v}"));
-    let mut x = LEFT;
-    for (i, (kind, _)) in kinds.iter().enumerate() {
-        let _ = write!(
-            out,
-            r##"<rect class="key" x="{x}" y="8" width="12" height="12" fill="{}"/><text x="{}" y="18">{}</text>"##,
-            colour(i),
-            x + 16.0,
-            escape(kind)
-        );
-        x += 16.0 + 7.5 * kind.chars().count().min(40) as f64 + 18.0;
-    }
+    keys(&mut out, legend.iter().map(|(k, c)| (k.as_str(), *c)));
+    let kinds: Vec<(&str, &str, [u64; HOURS])> =
+        legend.iter().zip(kinds).map(|((k, c), counts)| (k.as_str(), *c, counts)).collect();
     let slot = (WIDTH - LEFT - RIGHT) / HOURS as f64;
     for h in 0..HOURS {
         let from = start + TimeDelta::hours(h as i64);
         let x = LEFT + slot * h as f64;
         let mut y = TOP + PLOT;
-        for (i, (kind, counts)) in kinds.iter().enumerate() {
+        for (kind, colour, counts) in &kinds {
             if counts[h] == 0 {
                 continue;
             }
@@ -187,7 +220,7 @@ fn bars(id: &str, what: &str, verb: &str, start: DateTime<Utc>, by_kind: &BTreeM
                 r##"<rect class="bar" x="{:.1}" y="{y:.1}" width="{:.1}" height="{height:.1}" fill="{}"><title>{}: {} {verb} {:02}:00–{:02}:00 UTC</title></rect>"##,
                 x + 2.0,
                 slot - 4.0,
-                colour(i),
+                colour,
                 escape(kind),
                 counts[h],
                 from.hour(),
@@ -271,6 +304,9 @@ pub(crate) fn start_sampling<B: Records>(app: &Arc<App<B>>) {
     });
 }
 
+/// A line: its name, its colour and its value in a sample (`None` where unknown).
+type Series = (&'static str, &'static str, fn(&Sample) -> Option<f64>);
+
 /// Line charts over the last 24 hours up to `now`, one line per series, each column the
 /// highest of its samples; a series a sample lacks breaks its line. Each column's values in its
 /// `<title>`.
@@ -279,7 +315,7 @@ fn lines(
     what: &str,
     samples: &[Sample],
     now: DateTime<Utc>,
-    series: &[(&str, &str, fn(&Sample) -> Option<f64>)],
+    series: &[Series],
     label: impl Fn(f64) -> String,
 ) -> String {
     let start = now - TimeDelta::hours(HOURS as i64);
@@ -300,33 +336,29 @@ fn lines(
     let top = nice_max(highest);
     let mut out = String::new();
     frame_svg(&mut out, id, what, top, &label);
-    let mut x = LEFT;
-    for (name, colour, _) in series {
-        let _ = write!(
-            out,
-            r##"<rect class="key" x="{x}" y="8" width="12" height="12" fill="{colour}"/><text x="{}" y="18">{}</text>"##,
-            x + 16.0,
-            escape(name)
-        );
-        x += 16.0 + 7.5 * name.len() as f64 + 18.0;
-    }
+    keys(&mut out, series.iter().map(|(name, colour, _)| (*name, *colour)));
     let slot = (WIDTH - LEFT - RIGHT) / COLUMNS as f64;
     let at_x = |c: usize| LEFT + slot * (c as f64 + 0.5);
     let at_y = |v: f64| TOP + PLOT * (1.0 - v / top);
     for (i, (_, colour, _)) in series.iter().enumerate() {
+        // The first series wider, so that it shows under another with the same values.
+        let (width, radius) = if i == 0 { (4.0, 5.0) } else { (2.0, 3.5) };
         // A line through consecutive columns that have the value; a lone point as a dot.
         let mut run: Vec<(f64, f64)> = Vec::new();
         let flush = |run: &mut Vec<(f64, f64)>, out: &mut String| {
             match run.as_slice() {
                 [] => {}
                 [(x, y)] => {
-                    let _ = write!(out, r##"<circle class="point" cx="{x:.1}" cy="{y:.1}" r="2.5" fill="{colour}"/>"##);
+                    let _ = write!(
+                        out,
+                        r##"<circle class="point" cx="{x:.1}" cy="{y:.1}" r="{radius}" fill="{colour}"/>"##
+                    );
                 }
                 points => {
                     let points: Vec<String> = points.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
                     let _ = write!(
                         out,
-                        r##"<polyline class="line" points="{}" fill="none" stroke="{colour}" stroke-width="2"/>"##,
+                        r##"<polyline class="line" points="{}" fill="none" stroke="{colour}" stroke-width="{width}"/>"##,
                         points.join(" ")
                     );
                 }
@@ -401,19 +433,19 @@ async fn page<B: Records>(axum::extract::State(app): Shared<B>) -> Response {
     };
     let now = Utc::now();
     let hourly = Hourly::of(&records, now);
+    let legend = legend(&hourly);
     let total = |m: &BTreeMap<String, [u64; HOURS]>| m.values().flatten().sum();
     let samples = app.samples.read();
-    let depth: [(&str, &str, fn(&Sample) -> Option<f64>); 3] = [
+    let depth: [Series; 3] = [
         ("queued", "#0072b2", |s| Some(s.queued as f64)),
         ("ready", "#e69f00", |s| s.ready.map(|n| n as f64)),
         ("running", "#009e73", |s| Some(s.running as f64)),
     ];
-    let oldest: [(&str, &str, fn(&Sample) -> Option<f64>); 1] =
-        [("oldest ready job's wait", "#d55e00", |s| s.oldest_ready.map(|d| d.as_secs_f64()))];
+    let oldest: [Series; 1] = [("oldest ready job's wait", "#d55e00", |s| s.oldest_ready.map(|d| d.as_secs_f64()))];
     let page = Charts {
         frame: frame("Charts"),
-        opened: bars("opened", "Records opened per hour, by kind", "opened", hourly.start, &hourly.opened),
-        closed: bars("closed", "Records closed per hour, by kind", "closed", hourly.start, &hourly.closed),
+        opened: bars("opened", "Records opened per hour, by kind", "opened", hourly.start, &hourly.opened, &legend),
+        closed: bars("closed", "Records closed per hour, by kind", "closed", hourly.start, &hourly.closed, &legend),
         depth: lines("depth", "Queue depth", &samples, now, &depth, |v| format!("{v:.0}")),
         oldest: lines("oldest", "Oldest ready job's wait", &samples, now, &oldest, wait),
         opened_total: total(&hourly.opened),
@@ -518,9 +550,12 @@ mod tests {
             record("ship", "2025-06-13T12:05:00Z", RecordState::Open),
         ];
         let hourly = Hourly::of(&records, now);
-        let svg = bars("opened", "Records opened", "opened", hourly.start, &hourly.opened);
+        let svg = bars("opened", "Records opened", "opened", hourly.start, &hourly.opened, &legend(&hourly));
         assert!(!svg.contains("<script"), "{svg}");
-        assert!(svg.contains("<title>&#60;script&#62;alert(1)&#60;/script&#62;: 2 opened 14:00–15:00 UTC</title>"), "{svg}");
+        assert!(
+            svg.contains("<title>&#60;script&#62;alert(1)&#60;/script&#62;: 2 opened 14:00–15:00 UTC</title>"),
+            "{svg}"
+        );
         assert!(svg.contains("<title>ship: 1 opened 12:00–13:00 UTC</title>"), "{svg}");
         assert_eq!(svg.matches("class=\"bar\"").count(), 2);
         assert_eq!(svg.matches("class=\"key\"").count(), 2, "a legend entry per kind");
@@ -534,7 +569,7 @@ mod tests {
         let records: Vec<_> =
             (0..10).map(|n| record(&format!("kind{n}"), "2025-06-13T14:05:00Z", RecordState::Open)).collect();
         let hourly = Hourly::of(&records, now);
-        let svg = bars("opened", "Records opened", "opened", hourly.start, &hourly.opened);
+        let svg = bars("opened", "Records opened", "opened", hourly.start, &hourly.opened, &legend(&hourly));
         assert_eq!(svg.matches("class=\"key\"").count(), 7);
         assert!(svg.contains("<title>other kinds: 4 opened 14:00–15:00 UTC</title>"), "{svg}");
     }
@@ -551,14 +586,15 @@ mod tests {
         samples.push(Sample::of(at("2025-06-13T14:00:00Z"), &unknown));
         let read = samples.read();
         assert_eq!(read[0].ready, Some(3));
-        let series: [(&str, &str, fn(&Sample) -> Option<f64>); 2] =
+        let series: [Series; 2] =
             [("queued", "#000", |s| Some(s.queued as f64)), ("ready", "#111", |s| s.ready.map(|n| n as f64))];
         let svg = lines("depth", "Queue depth", &read, at("2025-06-13T14:10:00Z"), &series, |v| format!("{v:.0}"));
         assert_eq!(svg.matches("class=\"line\"").count(), 2, "queued through all three: {svg}");
         assert_eq!(svg.matches("class=\"point\"").count(), 0, "ready's line stops before the unknown: {svg}");
         assert_eq!(svg.matches("class=\"hover\"").count(), 3);
         assert!(svg.contains("14:00 UTC: queued 5, ready unknown</title>"), "{svg}");
-        let nothing_ready = Sample::of(at("2025-06-13T14:00:00Z"), &Counts { queued: 2, scheduled: Some(2), ..unknown });
+        let nothing_ready =
+            Sample::of(at("2025-06-13T14:00:00Z"), &Counts { queued: 2, scheduled: Some(2), ..unknown });
         assert_eq!(nothing_ready.oldest_ready, Some(Duration::ZERO));
     }
 }

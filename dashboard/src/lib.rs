@@ -5,6 +5,9 @@
 //! A Jobs page lists the live jobs where the backend stores them (queued, scheduled, running,
 //! done, failed, cancelled; filtered by kind, key, state and age), shows one with its payload and
 //! errors so far, and cancels a queued or scheduled one with a confirmation.
+//! A Charts page draws, as inline SVG, the records opened and closed per hour by kind over the
+//! last day, and the queue's depth and oldest ready wait as the dashboard samples them
+//! ([`Dashboard::with_sample_every`]; kept 24 hours in its memory).
 //! Given a flow store ([`Dashboard::with_flow`]), a Kinds page too: paused kinds with who, why
 //! and since, each kind's limits and their history; pause (with a confirmation), resume and set
 //! limits.

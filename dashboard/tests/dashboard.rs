@@ -84,7 +84,10 @@ async fn an_operator_reads_discards_and_replays_and_forged_posts_are_refused() {
 
     // The audit trail names both.
     let audit = http.get(format!("{url}/audit")).send().await.unwrap().text().await.unwrap();
-    assert!(audit.contains("discarded by ada: refunded") && audit.contains("<td>replayed by grace, not confirmed yet</td>"), "{audit}");
+    assert!(
+        audit.contains("discarded by ada: refunded") && audit.contains("<td>replayed by grace, not confirmed yet</td>"),
+        "{audit}"
+    );
 
     // A bulk replay of the filter, at a capped rate, with its progress page.
     let bulk = http.get(format!("{url}/replay?kind=ship")).send().await.unwrap().text().await.unwrap();
