@@ -575,6 +575,23 @@ mod tests {
     }
 
     #[test]
+    fn a_kind_has_the_same_colour_in_both_charts() {
+        let now = at("2025-06-13T14:20:00Z");
+        let records = [
+            record("ship", "2025-06-13T14:05:00Z", RecordState::Open),
+            record("ship", "2025-06-13T14:06:00Z", RecordState::Open),
+            record("ship", "2025-06-13T14:07:00Z", RecordState::Open),
+            // Counted twice, opened and closed: 2, fewer than ship's 3.
+            record("charge", "2025-06-13T13:05:00Z", discarded("2025-06-13T14:00:00Z")),
+        ];
+        let hourly = Hourly::of(&records, now);
+        let legend = legend(&hourly);
+        assert_eq!(legend, [("ship".to_owned(), COLOURS[0]), ("charge".to_owned(), COLOURS[1])], "busiest first");
+        let closed = bars("closed", "Records closed", "closed", hourly.start, &hourly.closed, &legend);
+        assert!(closed.contains(&format!("fill=\"{}\"><title>charge: 1 closed", COLOURS[1])), "{closed}");
+    }
+
+    #[test]
     fn samples_older_than_a_day_leave_and_lines_break_where_a_figure_is_unknown() {
         let samples = Samples::new(Duration::from_secs(60));
         let counts = Counts { queued: 5, running: 1, scheduled: Some(2), oldest_ready: Some(Duration::from_secs(90)) };
