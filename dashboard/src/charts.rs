@@ -255,7 +255,8 @@ impl Sample {
     }
 }
 
-/// The queue's samples of the last 24 hours, in this process's memory.
+/// The queue's samples of the last 24 hours, in this process's memory: at most 86,400 (one a
+/// second, the most [`Dashboard::with_sample_every`](crate::Dashboard::with_sample_every) allows).
 pub(crate) struct Samples {
     every: Duration,
     since: DateTime<Utc>,
@@ -288,9 +289,9 @@ pub(crate) fn start_sampling<B: Records>(app: &Arc<App<B>>) {
         tracing::warn!("the dashboard's router was built outside a tokio runtime: the queue is not sampled");
         return;
     };
+    let every = app.samples.every;
     let app: Weak<App<B>> = Arc::downgrade(app);
     runtime.spawn(async move {
-        let every = app.upgrade().map(|a| a.samples.every).unwrap_or_default();
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
