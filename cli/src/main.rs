@@ -92,7 +92,7 @@ enum Command {
     },
     /// Serves the dashboard: open records by kind and severity, a record's payload and errors,
     /// replay and discard, bulk replay, the audit trail, queue depth, paused kinds and limits
-    /// (pause, resume, limit), and Prometheus `/metrics`.
+    /// (pause, resume, limit), charts of the last day, and Prometheus `/metrics`.
     Serve {
         /// The address to listen on. Beyond loopback a token is required.
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -108,6 +108,9 @@ enum Command {
         /// cookies).
         #[arg(long)]
         trust_forwarded_proto: bool,
+        /// How often the Charts page samples the queue's depth (kept 24 hours in memory).
+        #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+        sample_every: Duration,
     },
     /// The queue's counts.
     Queue {
@@ -308,8 +311,8 @@ async fn main() -> ExitCode {
 
 async fn run(cli: &Cli) -> redrive::Result<Done> {
     let target = backends::connect(cli).await?;
-    if let Command::Serve { bind, token, public_url, trust_forwarded_proto } = &cli.command {
-        serve(target, *bind, token.clone(), public_url.as_deref(), *trust_forwarded_proto).await?;
+    if let Command::Serve { bind, token, public_url, trust_forwarded_proto, sample_every } = &cli.command {
+        serve(target, *bind, token.clone(), public_url.as_deref(), *trust_forwarded_proto, *sample_every).await?;
         return Ok(Done::Done);
     }
     let out = output::Output { json: cli.json };
@@ -360,6 +363,7 @@ async fn serve(
     token: Option<String>,
     public_url: Option<&str>,
     trust_forwarded_proto: bool,
+    sample_every: Duration,
 ) -> redrive::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
@@ -367,7 +371,10 @@ async fn serve(
         .install_recorder()
         .map_err(|e| redrive::Error::new(ErrorKind::Config, "cannot record metrics").with_source(e))?;
     // The backend is its own flow store (a broker's: its records database): the Kinds page.
-    let mut dashboard = redrive_dashboard::Dashboard::new(target.clone()).with_flow(target).with_metrics(metrics);
+    let mut dashboard = redrive_dashboard::Dashboard::new(target.clone())
+        .with_flow(target)
+        .with_metrics(metrics)
+        .with_sample_every(sample_every)?;
     if let Some(token) = token {
         dashboard = dashboard.with_token(token)?;
     }

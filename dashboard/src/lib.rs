@@ -5,6 +5,9 @@
 //! A Jobs page lists the live jobs where the backend stores them (queued, scheduled, running,
 //! done, failed, cancelled; filtered by kind, key, state and age), shows one with its payload and
 //! errors so far, and cancels a queued or scheduled one with a confirmation.
+//! A Charts page draws, as inline SVG, the records opened and closed per hour by kind over the
+//! last day, and the queue's depth and oldest ready wait as the dashboard samples them
+//! ([`Dashboard::with_sample_every`]; kept 24 hours in its memory).
 //! Given a flow store ([`Dashboard::with_flow`]), a Kinds page too: paused kinds with who, why
 //! and since, each kind's limits and their history; pause (with a confirmation), resume and set
 //! limits.
@@ -45,6 +48,7 @@
 
 mod auth;
 mod bulk;
+mod charts;
 mod filter;
 mod jobs;
 mod kinds;
@@ -54,6 +58,7 @@ mod views;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
@@ -84,12 +89,20 @@ pub struct Dashboard<B> {
     metrics: Option<PrometheusHandle>,
     https: Https,
     flow: Option<Arc<dyn FlowStore>>,
+    sample_every: Duration,
 }
 
 impl<B: Records> Dashboard<B> {
     /// A dashboard over `backend`, with no token, no metrics and no Kinds page.
     pub fn new(backend: B) -> Self {
-        Self { backend, token: None, metrics: None, https: Https::default(), flow: None }
+        Self {
+            backend,
+            token: None,
+            metrics: None,
+            https: Https::default(),
+            flow: None,
+            sample_every: Duration::from_secs(60),
+        }
     }
 
     /// Adds the Kinds page over this flow store: the paused kinds (who, why, since, a breaker's
@@ -151,6 +164,18 @@ impl<B: Records> Dashboard<B> {
         self
     }
 
+    /// How often the Charts page's queue depth and oldest ready wait are sampled: every minute
+    /// unless set (at least a second). The samples are kept 24 hours in this process's memory,
+    /// from when [`router`](Self::router) is built (in a tokio runtime, which the sampling
+    /// runs on) until the router is dropped.
+    pub fn with_sample_every(mut self, every: Duration) -> Result<Self> {
+        if every < Duration::from_secs(1) {
+            return Err(Error::new(ErrorKind::Config, "the dashboard samples the queue at most once a second"));
+        }
+        self.sample_every = every;
+        Ok(self)
+    }
+
     /// The dashboard's routes, to mount in an app of your own. Without a token, keep that app on
     /// loopback: [`serve`](Self::serve) checks it, a router cannot.
     pub fn router(self) -> Router {
@@ -160,8 +185,11 @@ impl<B: Records> Dashboard<B> {
             metrics: self.metrics,
             bulk: bulk::Runs::default(),
             flow: self.flow,
+            samples: charts::Samples::new(self.sample_every),
         });
+        charts::start_sampling(&app);
         pages::routes::<B>()
+            .merge(charts::routes::<B>())
             .merge(kinds::routes::<B>())
             .merge(jobs::routes::<B>())
             .route("/metrics", get(pages::metrics::<B>))
@@ -198,6 +226,8 @@ pub(crate) struct App<B> {
     pub(crate) bulk: bulk::Runs,
     /// The flow store, if the Kinds page is on.
     pub(crate) flow: Option<Arc<dyn FlowStore>>,
+    /// The queue's samples for the Charts page.
+    pub(crate) samples: charts::Samples,
 }
 
 /// The CSRF token of this browser, for the forms a page renders.

@@ -23,7 +23,7 @@ use crate::views::{self, Frame};
 use crate::{App, Csrf, Records};
 
 /// Open records an overview or a bulk replay reads at most.
-const READ_AT_MOST: usize = 10_000;
+pub(crate) const READ_AT_MOST: usize = 10_000;
 /// Records per list page.
 const PAGE: usize = 50;
 
@@ -81,7 +81,7 @@ pub(crate) fn failed(e: redrive_core::Error) -> Response {
 
 /// Every record matching `filter` (its severity applied here: the stores do not index it), up
 /// to `at_most`; and whether there were more.
-async fn matching<B: Records>(
+pub(crate) async fn matching<B: Records>(
     app: &App<B>,
     filter: &Filter,
     at_most: usize,

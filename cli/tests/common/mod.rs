@@ -60,8 +60,13 @@ impl Drop for Served {
 
 /// Starts `redrive serve` on `backend` (with `token`, if any); it and its base URL.
 pub fn serve(backend: &str, schema: &str, token: Option<&str>) -> (Served, String) {
+    serve_with(backend, schema, token, &[])
+}
+
+/// [`serve`] with more of `redrive serve`'s options.
+pub fn serve_with(backend: &str, schema: &str, token: Option<&str>, options: &[&str]) -> (Served, String) {
     let mut command = redrive_command(backend, schema);
-    command.args(["serve", "--bind", "127.0.0.1:0"]).stderr(Stdio::piped());
+    command.args(["serve", "--bind", "127.0.0.1:0"]).args(options).stderr(Stdio::piped());
     if let Some(token) = token {
         command.env("REDRIVE_DASHBOARD_TOKEN", token);
     }
