@@ -106,7 +106,7 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, s
 /// schemas in one database migrate independently.
 pub(crate) fn migrator(schema: &str) -> Migrator {
     let quoted = format!("\"{schema}\"");
-    let files: [(i64, &str, &str); 8] = [
+    let files: [(i64, &str, &str); 9] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "done index", include_str!("../migrations/0002_done_index.sql")),
         (3, "contract v2", include_str!("../migrations/0003_contract_v2.sql")),
@@ -115,6 +115,7 @@ pub(crate) fn migrator(schema: &str) -> Migrator {
         (6, "replay audit", include_str!("../migrations/0006_replay_audit.sql")),
         (7, "flow", include_str!("../migrations/0007_flow.sql")),
         (8, "order", include_str!("../migrations/0008_order.sql")),
+        (11, "priority", include_str!("../migrations/0011_priority.sql")),
     ];
     let migrations = files
         .into_iter()

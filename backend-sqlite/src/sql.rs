@@ -84,13 +84,14 @@ pub(crate) fn q(sql: &'static str) -> sqlx::query::Query<'static, Sqlite, Sqlite
 
 /// The embedded migrations, tracked in `_sqlx_migrations`.
 pub(crate) fn migrator() -> Migrator {
-    let files: [(i64, &str, &str); 6] = [
+    let files: [(i64, &str, &str); 7] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "broker records", include_str!("../migrations/0002_broker_records.sql")),
         (3, "deadline", include_str!("../migrations/0003_deadline.sql")),
         (4, "replay audit", include_str!("../migrations/0004_replay_audit.sql")),
         (5, "flow", include_str!("../migrations/0005_flow.sql")),
         (6, "order", include_str!("../migrations/0006_order.sql")),
+        (9, "priority", include_str!("../migrations/0009_priority.sql")),
     ];
     let migrations = files
         .into_iter()

@@ -15,7 +15,7 @@
 //! that nothing else reads: each capability is a promise the suite checks. The last are flow
 //! control: a handler's "not now", a timeout per kind, a paused kind, a circuit breaker through an
 //! outage, a rate limit, and concurrency limits per kind and per key (kept in the ledger's flow
-//! store, shared by every worker), and order per key through a failure.
+//! store, shared by every worker), order per key through a failure, and priorities.
 //!
 //! | # | scenario | the invariant |
 //! |---|---|---|
@@ -61,6 +61,7 @@
 //! | 40 | [`kind_concurrency`] | a concurrency limit per kind across two workers: never more at once, every job once |
 //! | 41 | [`key_concurrency`] | a concurrency limit per key: one tenant one at a time, the others not held behind it |
 //! | 42 | [`ordered_through_failure`] | jobs of one order key: in enqueue order, one at a time, held behind an open record until its replay or discard; refused where order is not kept |
+//! | 43 | [`priorities`] | one handler starts the ready jobs highest priority first, in enqueue order within one; a priority refused where claims ignore it |
 //!
 //! # Running it against your backend
 //!
@@ -108,6 +109,7 @@ mod leases;
 mod limits;
 mod logs;
 mod order;
+mod priority;
 mod process;
 mod receipts;
 mod records;
@@ -130,6 +132,7 @@ pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
 pub use leases::{dead_worker, graceful_shutdown, slow_handler, stale_lease, stranded_claims};
 pub use limits::*;
 pub use order::ordered_through_failure;
+pub use priority::priorities;
 pub use process::{EnqueueJobs, hang_until_killed, is_killed_child, kill_worker_mid_job};
 pub use receipts::*;
 pub use records::check_record_store;
@@ -288,7 +291,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 42] = [
+pub const SCENARIOS: [&str; 43] = [
     "replay",
     "race",
     "exhaust",
@@ -331,6 +334,7 @@ pub const SCENARIOS: [&str; 42] = [
     "kind_concurrency",
     "key_concurrency",
     "ordered_through_failure",
+    "priorities",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -344,7 +348,7 @@ macro_rules! suite {
             alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled
             settle_retried payload_limits no_receipt_in_logs atomic_batch claim_by_kind crash_refunds max_delay
             not_now timeout paused_kind outage_storm rate_limited kind_concurrency key_concurrency
-            ordered_through_failure);
+            ordered_through_failure priorities);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

@@ -284,6 +284,9 @@ impl Backend for AzureBackend {
             // dead-letter queues behind ordered delivery. Order per key is kept where claims can
             // see the earlier jobs (the databases).
             order_per_key: false,
+            // A queue delivers in its own order, whatever a message says: a job of another
+            // priority than 0 is refused, and the pattern is a queue per priority (RUNBOOK.md).
+            priorities: false,
         }
     }
 }

@@ -61,7 +61,8 @@ impl PgBackend {
             rows = self.claim_after(kinds, max, lease, None).await?;
             scanned_front = true;
         }
-        let end = (rows.len() == max).then(|| rows.iter().map(|r| (r.get("ready_at"), r.get("id"))).max()).flatten();
+        // The batch's last job in claim order (it comes back in that order).
+        let end = rows.last().filter(|_| rows.len() == max).map(|r| (r.get("priority"), r.get("ready_at"), r.get("id")));
         self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).settle(generation, scanned_front, end);
         rows.iter().map(claimed_from).collect()
     }
@@ -91,9 +92,10 @@ impl PgBackend {
         let _statement = self.inner.in_flight.acquire().await.map_err(|_| Error::temporary("the backend is closed"))?;
         q(&sql)
             .bind(lease.as_secs_f64())
-            .bind(floor.map(|(at, _)| at))
-            .bind(floor.map(|(_, id)| id))
+            .bind(floor.map(|(_, at, _)| at))
+            .bind(floor.map(|(_, _, id)| id))
             .bind(kinds)
+            .bind(floor.map(|(priority, _, _)| priority))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| db(e, "claim"))
@@ -177,6 +179,7 @@ fn claimed_from(row: &PgRow) -> Result<Claimed> {
             attempt: row.get::<i32, _>("attempts") as u32,
             cap: row.get::<i32, _>("cap") as u32,
             severity: Severity::from_name(row.get("severity")).unwrap_or_default(),
+            priority: row.get("priority"),
             enqueued_at: row.get("created_at"),
             deadline: row.get("deadline"),
             // Held back until then by `run_at`.

@@ -103,11 +103,16 @@ pub struct Capabilities {
     /// a job with an order key ([`NewJob::check_fits`](crate::NewJob::check_fits)). Held to by
     /// the suite's `ordered_through_failure`.
     pub order_per_key: bool,
+    /// Claims take the ready jobs of the highest [`priority`](crate::Job::priority) first, oldest
+    /// first within one. Otherwise enqueue refuses a job of any priority but 0
+    /// ([`NewJob::check_fits`](crate::NewJob::check_fits)). Held to by the suite's
+    /// `priorities`.
+    pub priorities: bool,
 }
 
 impl Default for Capabilities {
     /// What a queue can be held to at the least, with everything else the in-memory backend does:
-    /// no order per key (a backend that keeps it says so), at 256 KiB.
+    /// no order per key and no priorities (a backend that keeps them says so), at 256 KiB.
     fn default() -> Self {
         Self {
             dedupe: Dedupe::Kept,
@@ -120,6 +125,7 @@ impl Default for Capabilities {
             min_lease: Duration::from_millis(1),
             max_delay: Some(Duration::MAX),
             order_per_key: false,
+            priorities: false,
         }
     }
 }

@@ -77,6 +77,7 @@ impl StoredJob {
             attempt: self.attempts,
             cap: job.cap,
             severity: job.severity,
+            priority: job.priority,
             enqueued_at: self.enqueued_at,
             deadline: job.deadline,
             // Held back until then by its ready time.
@@ -204,14 +205,15 @@ impl State {
         Ok(Enqueued::Created(JobId(id.to_string())))
     }
 
-    /// Claims ready jobs, or says when the next one becomes ready.
+    /// Claims ready jobs, highest priority first and oldest first within one, or says when the
+    /// next one becomes ready.
     fn claim(&mut self, kinds: &Kinds, max: usize, lease: Duration, now: Instant) -> (Vec<Claimed>, Option<Instant>) {
-        let mut claimed = Vec::new();
+        let mut ready = Vec::new();
         let mut next_ready: Option<Instant> = None;
         // Order keys with an unfinished job seen so far: a later job of one waits (whatever its
         // kind), however ready it is. A failed job keeps its order key while its record is open.
         let mut ahead: HashSet<String> = HashSet::new();
-        for (id, stored) in self.jobs.iter_mut() {
+        for (id, stored) in self.jobs.iter() {
             let waits = match &stored.job.order_key {
                 Some(order) if stored.status != Status::Done => !ahead.insert(order.clone()),
                 _ => false,
@@ -229,9 +231,13 @@ impl State {
                 next_ready = Some(next_ready.map_or(ready_at, |n| n.min(ready_at)));
                 continue;
             }
-            if claimed.len() == max {
-                break;
-            }
+            ready.push((std::cmp::Reverse(stored.job.priority), *id));
+        }
+        // Stable: within a priority, in id order, as without priorities.
+        ready.sort_by_key(|(priority, _)| *priority);
+        let mut claimed = Vec::new();
+        for (_, id) in ready.into_iter().take(max) {
+            let stored = self.jobs.get_mut(&id).expect("listed above");
             if matches!(stored.status, Status::Running { .. }) && !stored.started {
                 // The lapsed claim never started its handler: its worker died with the job
                 // claimed ahead. It costs the job nothing.
@@ -243,7 +249,7 @@ impl State {
             let token = token();
             stored.status = Status::Running { token: token.clone(), expires: now + lease };
             claimed.push(Claimed {
-                job: stored.record(*id),
+                job: stored.record(id),
                 lease: Lease { job_id: JobId(id.to_string()), token },
                 begun: None,
             });
@@ -254,13 +260,13 @@ impl State {
 
 impl Backend for MemoryBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { max_payload: self.max_payload, order_per_key: true, ..Capabilities::default() }
+        Capabilities { max_payload: self.max_payload, order_per_key: true, priorities: true, ..Capabilities::default() }
     }
 }
 
 impl Enqueue for MemoryBackend {
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        job.check_size(self.max_payload)?;
+        job.check_fits(&self.capabilities())?;
         let result = self.lock().enqueue(job)?;
         self.work.notify_waiters();
         Ok(result)
@@ -268,7 +274,7 @@ impl Enqueue for MemoryBackend {
 
     async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         for job in &jobs {
-            job.check_size(self.max_payload)?;
+            job.check_fits(&self.capabilities())?;
         }
         let results = {
             let mut state = self.lock();
