@@ -492,15 +492,15 @@ async fn a_claim_reads_neither_scheduled_jobs_nor_lower_priorities() {
     exec(&mut conn, &format!("VACUUM ANALYZE {s}.jobs")).await;
     let sql = include_str!("../queries/claim.sql").replace("{schema}", &s).replace("{limit}", "10");
     exec(&mut conn, &format!("PREPARE claim(float8, timestamptz, bigint, text[], smallint) AS {sql}")).await;
-    for (moment, args) in [("from the front", "30, NULL, NULL, NULL, NULL"), ("from a floor", "30, NULL, 0, NULL, -5")] {
+    for (moment, args) in [("from the front", "30, NULL, NULL, NULL, NULL"), ("from a floor", "30, NULL, 0, NULL, -5")]
+    {
         exec(&mut conn, "BEGIN").await;
-        let plan: Value = sqlx::query(AssertSqlSafe(format!(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim({args})"
-        )))
-        .fetch_one(&mut conn)
-        .await
-        .expect("explain the claim")
-        .get(0);
+        let plan: Value =
+            sqlx::query(AssertSqlSafe(format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim({args})")))
+                .fetch_one(&mut conn)
+                .await
+                .expect("explain the claim")
+                .get(0);
         exec(&mut conn, "ROLLBACK").await;
         let mut ready = Vec::new();
         ready_buffers(&plan[0]["Plan"], &mut ready);
