@@ -29,7 +29,7 @@
 //! | 8 | [`dead_worker`] | a worker that dies holding a lease: the job runs again after it, once |
 //! | 9 | [`stale_lease`] | an expired, re-claimed lease cannot settle the job |
 //! | 10 | [`many_workers`] | many workers, many jobs, duplicate keys: each key done once or recorded |
-//! | 11 | [`discard_and_purge`] | discard with reason and actor (blank ones refused), purge by age, counts right |
+//! | 11 | [`discard_and_purge`] | discard with reason and actor (blank ones refused), records found and discarded by their error text, purge by age, counts right |
 //! | 12 | [`graceful_shutdown`] | shutdown loses and duplicates nothing |
 //! | 13 | [`stranded_claims`] | a worker that dies strands its claimed-ahead jobs for the claim lease, not the lease |
 //! | 14 | [`slow_handler`] | a handler running 2.5× its lease, heartbeat on or off: one start, one effect |

@@ -10,7 +10,8 @@ use crate::sample_record as record;
 /// Panics unless `store` keeps records once by id and scoped by queue, reads them back as
 /// written, gives a replay's take to one caller, gives it back or closes it, keeps a replayed
 /// record replayed (with who and why), reopens a take whose window lapsed, pages in the order kept, finds text with
-/// quotes and newlines, and purges by age. Give it a store with no records of the queue
+/// quotes and newlines, finds records by their error text (without case, wildcards as themselves),
+/// and purges by age. Give it a store with no records of the queue
 /// `arn:aws:sqs:us-east-1:000000000000:jobs`.
 pub async fn check_record_store(store: &impl RecordStore) {
     let queue = "arn:aws:sqs:us-east-1:000000000000:jobs";
@@ -54,6 +55,25 @@ pub async fn check_record_store(store: &impl RecordStore) {
     let next = FailureQuery { limit: 1, after: Some(page[0].id.clone()), ..FailureQuery::default() };
     assert_eq!(store.records(queue, &next).await.unwrap()[0].id, *other, "pages in the order kept");
     assert!(store.records_mention(queue, "say \"hi\"\n").await.unwrap(), "text with quotes and a newline is found");
-    assert_eq!(store.purge_records(queue, Duration::ZERO).await.unwrap(), 2);
+
+    // The error text: without case, its `%` and `_` as themselves.
+    let quota = redrive_core::FailureRecord {
+        last_error: "Quota at 100% for tenant a_b".into(),
+        ..record(3, serde_json::json!({"parcel": 3}))
+    };
+    assert_eq!(store.keep_records(queue, std::slice::from_ref(&quota)).await.unwrap(), 1);
+    let by_error = |text: &str| FailureQuery { error_contains: Some(text.to_owned()), ..FailureQuery::default() };
+    for (text, expected) in [
+        ("CARRIER rejected", vec![&records[0].id, &records[1].id]),
+        ("quota AT 100%", vec![&quota.id]),
+        ("tenant a_b", vec![&quota.id]),
+        ("q%a", vec![]),
+        ("t_nant", vec![]),
+        ("100%%", vec![]),
+    ] {
+        let found = store.records(queue, &by_error(text)).await.unwrap();
+        assert_eq!(found.iter().map(|r| &r.id).collect::<Vec<_>>(), expected, "records whose error holds {text:?}");
+    }
+    assert_eq!(store.purge_records(queue, Duration::ZERO).await.unwrap(), 3);
     assert!(!store.records_mention(queue, "say \"hi\"").await.unwrap());
 }

@@ -1,6 +1,7 @@
 //! A web dashboard for redrive's failure records, on any backend: the open records by kind and
 //! severity, one record's payload beside its error history, replay and discard with a
-//! confirmation, bulk replay of a filter with its progress, the audit trail (who closed each
+//! confirmation, records searched by kind, state, age and error text, bulk replay and bulk
+//! discard of a filter with their progress, the audit trail (who closed each
 //! record and why, as the records keep it), the queue's depth, and a Prometheus `/metrics`.
 //! Given a flow store ([`Dashboard::with_flow`]), a Kinds page too: paused kinds with who, why
 //! and since, each kind's limits and their history; pause (with a confirmation), resume and set

@@ -72,6 +72,7 @@ impl DeadLetter for PgBackend {
             .bind(query.page_size() as i64)
             .bind(query.key.as_ref().map(|k| k.as_str().to_owned()))
             .bind(job_id)
+            .bind(query.error_pattern())
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| db(e, "list failure records"))?;
