@@ -57,3 +57,25 @@ async fn claims_from_a_scan_floor_reach_the_lower_priorities_when_its_own_runs_d
     assert_eq!(seen, expected);
     assert!(backend.claim(&Kinds::Any, 4, LEASE, Duration::ZERO).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn the_counts_read_every_priority() {
+    use redrive_core::QueueStats;
+    let backend = common::backend("priocounts").await;
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let jobs = [(1, 50, Some(later)), (2, -50, Some(later)), (3, 0, Some(later)), (4, -50, None), (5, 7, None)];
+    let jobs = jobs.iter().map(|(n, p, at)| {
+        let job = common::charge(*n).with_priority(*p).unwrap();
+        if let Some(at) = at { job.run_at(*at) } else { job }
+    });
+    backend.enqueue_batch(jobs.collect()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let counts = backend.counts().await.unwrap();
+    assert_eq!((counts.queued, counts.scheduled, counts.running), (5, Some(3), 0));
+    let oldest = counts.oldest_ready.expect("two jobs are ready");
+    assert!(oldest >= Duration::from_millis(50) && oldest < Duration::from_secs(60), "{oldest:?}");
+    // The ready job of the lowest priority is the oldest ready one, whichever priority it has.
+    let claimed = backend.claim(&Kinds::Any, 1, LEASE, Duration::ZERO).await.unwrap();
+    assert_eq!(orders(&claimed), [(5, 7)]);
+    assert!(backend.counts().await.unwrap().oldest_ready.is_some(), "the job at -50 still waits");
+}
