@@ -270,4 +270,12 @@ async fn claims_take_the_highest_priority_first_and_a_file_from_before_prioritie
     assert_eq!(order(&rest), [(2, 0), (5, 0), (3, -5), (7, -5)], "the jobs from before run at 0");
     let refused = backend.enqueue(NewJob { priority: -101, ..job(9) }).await.unwrap_err();
     assert_eq!(refused.kind(), redrive_core::ErrorKind::InvalidInput, "{refused}");
+
+    // The counts read every priority: one scheduled at 5, one ready at -5.
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    backend.enqueue(job(10).with_priority(5).unwrap().run_at(later)).await.unwrap();
+    backend.enqueue(job(11).with_priority(-5).unwrap()).await.unwrap();
+    let counts = backend.counts().await.unwrap();
+    assert_eq!((counts.queued, counts.scheduled, counts.running), (2, Some(1), 8));
+    assert!(counts.oldest_ready.is_some(), "the job at -5 is ready");
 }
