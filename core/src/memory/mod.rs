@@ -47,6 +47,9 @@ struct State {
     ledger: HashMap<IdempotencyKey, LedgerEntry>,
     /// When the ledger was last swept of done keys past their retention.
     ledger_swept: Option<Instant>,
+    /// A job of a priority other than 0 was ever enqueued: claims then read every job, not only
+    /// up to the batch's last.
+    prioritised: bool,
     flow: flow::FlowState,
 }
 
@@ -188,6 +191,7 @@ impl State {
         }
         self.next_id += 1;
         let id = self.next_id;
+        self.prioritised |= job.priority != 0;
         self.by_key.insert(job.key.clone(), id);
         let wait = job.not_before.and_then(|at| (at - Utc::now()).to_std().ok()).unwrap_or_default();
         let status = Status::Queued { ready_at: Instant::now() + wait };
@@ -232,6 +236,10 @@ impl State {
                 continue;
             }
             ready.push((std::cmp::Reverse(stored.job.priority), *id));
+            if ready.len() == max && !self.prioritised {
+                // All at 0: the first `max` in id order are the batch.
+                break;
+            }
         }
         // Stable: within a priority, in id order, as without priorities.
         ready.sort_by_key(|(priority, _)| *priority);
