@@ -2,10 +2,18 @@
 -- lease token that fences every later call about the job. The rows are found by the ready index
 -- and updated by primary key (`= ANY`), so the plan stays index-driven whatever the statistics.
 --
--- The scan starts after ($2, $3), the (run_at, id) where this process's last full batch ended:
--- claimed jobs leave dead entries at the front of the ready index until VACUUM, and starting
--- after them keeps a claim's cost flat however many jobs ran since. NULLs scan from the front.
--- `ready_at` is each job's run_at before the claim cleared it.
+-- The highest priority first, oldest first within one: the ready index is read at each priority
+-- in `job_priorities`, highest first (`= ANY` on its first column: PostgreSQL reads the ranges in
+-- the index's order), each range from its oldest job to its first one not yet due. So a claim
+-- reads neither scheduled jobs nor, once it has its batch, the lower priorities.
+--
+-- The scan starts after ($5, $2, $3), the (priority, run_at, id) where this process's last full
+-- batch ended, and then reads that priority alone: claimed jobs leave dead entries at the front
+-- of each priority's range until VACUUM, and starting after them keeps a claim's cost flat however
+-- many jobs ran since. A job of a higher priority enqueued meanwhile is behind the floor: it waits
+-- for the floor to lapse (a second) or for a batch to come back short, as a job that commits late
+-- does. NULLs scan every priority from the front. `ready_at` is each job's run_at before the
+-- claim cleared it. The batch comes back in claim order: the worker starts its jobs in that order.
 --
 -- A job with an order key waits while an earlier job of its key is unfinished: queued (a retry
 -- waiting its backoff too), running, or failed with its record open (a discard clears the failed
@@ -26,15 +34,17 @@
 -- a bound LIMIT the generic plan assumes a tenth of the table, looks dearer than a custom plan,
 -- and PostgreSQL plans the statement anew on every call.
 WITH picked AS MATERIALIZED (
-    SELECT id, run_at FROM {schema}.jobs
-    WHERE run_at <= now() AND (run_at, id) > (coalesce($2, '-infinity'::timestamptz), coalesce($3, 0::bigint))
+    SELECT id, run_at, priority FROM {schema}.jobs
+    WHERE priority = ANY(CASE WHEN $5::smallint IS NULL THEN ARRAY(SELECT priority FROM {schema}.job_priorities)
+                              ELSE ARRAY[$5::smallint] END)
+      AND run_at <= now() AND (run_at, id) > (coalesce($2, '-infinity'::timestamptz), coalesce($3, 0::bigint))
       AND ($4::text[] IS NULL OR kind = ANY(ARRAY(SELECT unnest($4::text[]))))
       AND (order_prev IS NULL OR NOT EXISTS (
           SELECT 1 FROM {schema}.jobs earlier
           WHERE earlier.order_key = jobs.order_key AND earlier.id >= jobs.order_prev AND earlier.id < jobs.id
             AND earlier.status <> 'done'
       ))
-    ORDER BY run_at, id
+    ORDER BY priority DESC, run_at, id
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
@@ -49,6 +59,7 @@ WITH picked AS MATERIALIZED (
         updated_at = now()
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.kind, j.idempotency_key, j.provider_key, j.payload, j.attempts, j.claims, j.cap, j.severity,
-              j.created_at, j.lease_token, j.stranded, j.deadline
+              j.created_at, j.lease_token, j.stranded, j.deadline, j.priority
 )
 SELECT claimed.*, picked.run_at AS ready_at FROM claimed JOIN picked USING (id)
+ORDER BY picked.priority DESC, picked.run_at, id

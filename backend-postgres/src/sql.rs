@@ -110,7 +110,7 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, s
 /// schemas in one database migrate independently.
 pub(crate) fn migrator(schema: &str) -> Migrator {
     let quoted = format!("\"{schema}\"");
-    let files: [(i64, &str, &str); 10] = [
+    let files: [(i64, &str, &str); 11] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "done index", include_str!("../migrations/0002_done_index.sql")),
         (3, "contract v2", include_str!("../migrations/0003_contract_v2.sql")),
@@ -121,6 +121,7 @@ pub(crate) fn migrator(schema: &str) -> Migrator {
         (8, "order", include_str!("../migrations/0008_order.sql")),
         (9, "replay confirm", include_str!("../migrations/0009_replay_confirm.sql")),
         (10, "live", include_str!("../migrations/0010_live.sql")),
+        (11, "priority", include_str!("../migrations/0011_priority.sql")),
     ];
     let migrations = files
         .into_iter()

@@ -1,7 +1,8 @@
 //! Every statement on the hot path keeps an index-driven plan whatever the planner's statistics
 //! say: none taken, taken while every job was queued, while most were running, while most were
 //! done, and stale after a bulk enqueue. A quarter of the jobs carry an order key (a thousand
-//! accounts), so a claim's check of the earlier jobs of a key is planned too. Each statement is
+//! accounts), so a claim's check of the earlier jobs of a key is planned too, and a fifth a
+//! priority other than 0 (7 or -3): a claim must read the ready index by priority. Each statement is
 //! prepared from its `.sql` file and explained (`EXPLAIN (FORMAT JSON) EXECUTE`, never run) with
 //! its custom plan and its generic plan, at each of those moments. A plan passes when it reads
 //! `jobs`, `job_keys` and `processed_keys` only through an index condition: no sequential scan,
@@ -68,14 +69,20 @@ fn statements() -> Vec<Statement> {
         Statement {
             name: "claim, from the front",
             sql: file!("claim"),
-            types: "float8, timestamptz, bigint, text[]",
-            args: |_| "30, NULL, NULL, ARRAY['k']".into(),
+            types: "float8, timestamptz, bigint, text[], smallint",
+            args: |_| "30, NULL, NULL, ARRAY['k'], NULL".into(),
         },
         Statement {
             name: "claim, from a scan floor",
             sql: file!("claim"),
-            types: "float8, timestamptz, bigint, text[]",
-            args: |_| "30, now() - interval '1 hour', 5, NULL".into(),
+            types: "float8, timestamptz, bigint, text[], smallint",
+            args: |_| "30, now() - interval '1 hour', 5, NULL, 0".into(),
+        },
+        Statement {
+            name: "claim, from a scan floor at a priority",
+            sql: file!("claim"),
+            types: "float8, timestamptz, bigint, text[], smallint",
+            args: |_| "30, now() - interval '1 hour', 5, NULL, 7".into(),
         },
         Statement {
             name: "complete",
@@ -118,13 +125,16 @@ fn statements() -> Vec<Statement> {
         Statement {
             name: "enqueue",
             sql: file!("enqueue"),
-            types: "text, text, uuid, jsonb, text, text, int, timestamptz, timestamptz, text",
-            args: |s| format!("'k', '{}', gen_random_uuid(), '{{}}', 'f', 'error', 5, NULL, NULL, 'acct:7'", s.keys[0]),
+            types: "text, text, uuid, jsonb, text, text, int, timestamptz, timestamptz, text, smallint",
+            args: |s| {
+                format!("'k', '{}', gen_random_uuid(), '{{}}', 'f', 'error', 5, NULL, NULL, 'acct:7', 7", s.keys[0])
+            },
         },
         Statement {
             name: "enqueue_batch",
             sql: file!("enqueue_batch"),
-            types: "text[], text[], uuid[], jsonb[], text[], text[], int[], timestamptz[], timestamptz[], text[]",
+            types: "text[], text[], uuid[], jsonb[], text[], text[], int[], timestamptz[], timestamptz[], text[], \
+                    smallint[]",
             args: |s| {
                 let n = s.keys.len();
                 format!(
@@ -132,7 +142,7 @@ fn statements() -> Vec<Statement> {
                      array_fill('{{}}'::jsonb, ARRAY[{n}]), array_fill('f'::text, ARRAY[{n}]), \
                      array_fill('error'::text, ARRAY[{n}]), array_fill(5, ARRAY[{n}]), \
                      array_fill(NULL::timestamptz, ARRAY[{n}]), array_fill(NULL::timestamptz, ARRAY[{n}]), \
-                     array_fill('acct:7'::text, ARRAY[{n}])",
+                     array_fill('acct:7'::text, ARRAY[{n}]), array_fill(7::smallint, ARRAY[{n}])",
                     text_array(&s.keys)
                 )
             },
@@ -237,6 +247,16 @@ fn scans(plan: &Value, out: &mut Vec<(String, String, bool)>) {
     }
 }
 
+/// The index conditions of every scan of `jobs_ready` in a plan.
+fn ready_scans(plan: &Value, out: &mut Vec<String>) {
+    if plan.get("Index Name").and_then(Value::as_str) == Some("jobs_ready") {
+        out.push(plan.get("Index Cond").and_then(Value::as_str).unwrap_or_default().to_owned());
+    }
+    for child in plan.get("Plans").and_then(Value::as_array).into_iter().flatten() {
+        ready_scans(child, out);
+    }
+}
+
 async fn exec(conn: &mut PgConnection, sql: &str) {
     sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&mut *conn).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
@@ -293,7 +313,14 @@ async fn check_plans(conn: &mut PgConnection, schema: &str, moment: &str) -> Vec
                     GUARDED.contains(&relation.as_str()) && (node == "Seq Scan" || (node.contains("Index") && !cond))
                 })
                 .collect();
-            if !bad.is_empty() {
+            // A claim reads the ready index a priority at a time: by `priority` in its condition,
+            // not along the whole index with `run_at` as a filter.
+            let by_priority = !statement.name.starts_with("claim") || {
+                let mut ready = Vec::new();
+                ready_scans(&plan[0]["Plan"], &mut ready);
+                !ready.is_empty() && ready.iter().all(|cond| cond.contains("priority = ANY"))
+            };
+            if !bad.is_empty() || !by_priority {
                 failures.push(format!(
                     "{moment}: {} ({mode}) reads {bad:?}\n{}",
                     statement.name,
@@ -316,10 +343,13 @@ async fn hot_path_plans_hold_whatever_the_statistics_say() {
         format!(
             "WITH k AS (INSERT INTO {s}.job_keys (idempotency_key, fingerprint) \
                  SELECT 'plan:n=' || n, 'f' FROM generate_series({from}, {to}) n RETURNING job_id, idempotency_key) \
-             INSERT INTO {s}.jobs (id, kind, idempotency_key, provider_key, payload, cap, order_key, order_prev) \
+             INSERT INTO {s}.jobs (id, kind, idempotency_key, provider_key, payload, cap, order_key, order_prev, \
+                                   priority) \
              SELECT job_id, 'plan', idempotency_key, gen_random_uuid(), '{{}}', 5, \
                     CASE WHEN job_id % 4 = 0 THEN 'acct:' || job_id % 1000 END, \
-                    CASE WHEN job_id % 4 = 0 AND job_id > 1000 THEN job_id - 1000 END FROM k"
+                    CASE WHEN job_id % 4 = 0 AND job_id > 1000 THEN job_id - 1000 END, \
+                    CASE job_id % 10 WHEN 1 THEN 7 WHEN 2 THEN -3 ELSE 0 END FROM k; \
+             INSERT INTO {s}.job_priorities VALUES (7), (-3) ON CONFLICT DO NOTHING"
         )
     };
     let claim_all_but = |keep: i64| {
@@ -469,4 +499,66 @@ async fn flow_statements_find_their_row_by_primary_key() {
         }
     }
     assert!(failures.is_empty(), "{} flow plans do not go by primary key:\n{}", failures.len(), failures.join("\n\n"));
+}
+
+/// A claim reads the ready index a priority at a time, each range from its oldest job to its
+/// first one not yet due: with 45,000 jobs scheduled for tomorrow at higher priorities and a few
+/// ready at a lower one, it reads a few pages of the index, not the scheduled jobs' entries.
+#[tokio::test]
+async fn a_claim_reads_neither_scheduled_jobs_nor_lower_priorities() {
+    const JOBS: i64 = 50_000;
+    let backend = common::backend("planprio").await;
+    let s = format!("\"{}\"", backend.schema());
+    let mut conn = PgConnection::connect(&common::database_url()).await.expect("connect");
+    // A tenth ready at -5, the rest tomorrow: a fifth of them at 5, the others at 0.
+    exec(
+        &mut conn,
+        &format!(
+            "WITH k AS (INSERT INTO {s}.job_keys (idempotency_key, fingerprint) \
+                 SELECT 'prio:n=' || n, 'f' FROM generate_series(1, {JOBS}) n RETURNING job_id, idempotency_key) \
+             INSERT INTO {s}.jobs (id, kind, idempotency_key, provider_key, payload, cap, priority, run_at) \
+             SELECT job_id, 'plan', idempotency_key, gen_random_uuid(), '{{}}', 5, \
+                    CASE WHEN job_id % 10 = 0 THEN -5 WHEN job_id % 5 = 1 THEN 5 ELSE 0 END, \
+                    CASE WHEN job_id % 10 = 0 THEN now() - interval '1 minute' ELSE now() + interval '1 day' END \
+             FROM k; \
+             INSERT INTO {s}.job_priorities VALUES (5), (-5)"
+        ),
+    )
+    .await;
+    exec(&mut conn, &format!("VACUUM ANALYZE {s}.jobs")).await;
+    let sql = include_str!("../queries/claim.sql").replace("{schema}", &s).replace("{limit}", "10");
+    exec(&mut conn, &format!("PREPARE claim(float8, timestamptz, bigint, text[], smallint) AS {sql}")).await;
+    for (moment, args) in [("from the front", "30, NULL, NULL, NULL, NULL"), ("from a floor", "30, NULL, 0, NULL, -5")]
+    {
+        exec(&mut conn, "BEGIN").await;
+        let plan: Value =
+            sqlx::query(AssertSqlSafe(format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim({args})")))
+                .fetch_one(&mut conn)
+                .await
+                .expect("explain the claim")
+                .get(0);
+        exec(&mut conn, "ROLLBACK").await;
+        let mut ready = Vec::new();
+        ready_buffers(&plan[0]["Plan"], &mut ready);
+        let claimed = plan[0]["Plan"]["Actual Rows"].as_i64().unwrap_or_default();
+        assert_eq!(claimed, 10, "{moment}: the claim takes a full batch of the ready jobs");
+        // Each priority's range costs a descent of the index (3 levels here) and a leaf or two,
+        // and each job a heap page: some 30 pages, where the scheduled entries are over 100.
+        assert!(
+            ready.len() == 1 && ready[0] <= 40,
+            "{moment}: the claim read {ready:?} pages through jobs_ready\n{}",
+            serde_json::to_string_pretty(&plan).unwrap_or_default()
+        );
+    }
+}
+
+/// The shared pages (hit or read) of every scan of `jobs_ready` in an analyzed plan.
+fn ready_buffers(plan: &Value, out: &mut Vec<i64>) {
+    if plan.get("Index Name").and_then(Value::as_str) == Some("jobs_ready") {
+        let count = |field: &str| plan.get(field).and_then(Value::as_i64).unwrap_or_default();
+        out.push(count("Shared Hit Blocks") + count("Shared Read Blocks"));
+    }
+    for child in plan.get("Plans").and_then(Value::as_array).into_iter().flatten() {
+        ready_buffers(child, out);
+    }
 }

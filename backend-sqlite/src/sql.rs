@@ -94,7 +94,7 @@ pub(crate) fn q(sql: &'static str) -> sqlx::query::Query<'static, Sqlite, Sqlite
 
 /// The embedded migrations, tracked in `_sqlx_migrations`.
 pub(crate) fn migrator() -> Migrator {
-    let files: [(i64, &str, &str); 8] = [
+    let files: [(i64, &str, &str); 9] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "broker records", include_str!("../migrations/0002_broker_records.sql")),
         (3, "deadline", include_str!("../migrations/0003_deadline.sql")),
@@ -103,6 +103,7 @@ pub(crate) fn migrator() -> Migrator {
         (6, "order", include_str!("../migrations/0006_order.sql")),
         (7, "replay confirm", include_str!("../migrations/0007_replay_confirm.sql")),
         (8, "live", include_str!("../migrations/0008_live.sql")),
+        (9, "priority", include_str!("../migrations/0009_priority.sql")),
     ];
     let migrations = files
         .into_iter()

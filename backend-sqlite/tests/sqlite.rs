@@ -218,13 +218,16 @@ async fn a_file_from_before_order_per_key_opens_and_its_queued_jobs_run() {
     let path = dir.path().join("jobs.db");
     let backend = SqliteBackend::open(SqliteConfig::new(&path)).await.unwrap();
     backend.enqueue_batch(vec![job(1), job(2)]).await.unwrap();
-    // Back to the file as the release before it left it: migration 6 undone, by hand.
-    let undo = "DROP INDEX redrive_jobs_order;
+    // Back to the file as the release before it left it: migrations 9 and 6 undone, by hand.
+    let undo = format!(
+        "{UNDO_PRIORITIES}
+                DROP INDEX redrive_jobs_order;
                 DROP INDEX redrive_jobs_ready;
                 CREATE INDEX redrive_jobs_ready ON redrive_jobs (ready_at, id) WHERE status = 'queued';
                 ALTER TABLE redrive_jobs DROP COLUMN order_key;
-                DELETE FROM _sqlx_migrations WHERE version = 6;";
-    redrive_sqlite::sqlx::raw_sql(undo).execute(backend.pool()).await.unwrap();
+                DELETE FROM _sqlx_migrations WHERE version = 6;"
+    );
+    redrive_sqlite::sqlx::raw_sql(redrive_sqlite::sqlx::AssertSqlSafe(undo)).execute(backend.pool()).await.unwrap();
     backend.pool().close().await;
     drop(backend);
 
@@ -232,4 +235,47 @@ async fn a_file_from_before_order_per_key_opens_and_its_queued_jobs_run() {
     backend.enqueue_batch(vec![ordered(3, "account1"), ordered(4, "account1")]).await.unwrap();
     let claimed = backend.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::ZERO).await.unwrap();
     assert_eq!(claimed.iter().map(parcel).collect::<Vec<_>>(), [1, 2, 3], "the jobs from before run; 4 waits for 3");
+}
+
+/// Migration 9 undone, by hand: the file as the release before priorities left it.
+const UNDO_PRIORITIES: &str = "DROP TRIGGER redrive_jobs_priority;
+    DROP TABLE redrive_priorities;
+    DROP INDEX redrive_jobs_ready;
+    CREATE INDEX redrive_jobs_ready ON redrive_jobs (ready_at, id, order_key) WHERE status = 'queued';
+    ALTER TABLE redrive_jobs DROP COLUMN priority;
+    DELETE FROM _sqlx_migrations WHERE version = 9;";
+
+#[tokio::test]
+async fn claims_take_the_highest_priority_first_and_a_file_from_before_priorities_keeps_its_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.db");
+    let backend = SqliteBackend::open(SqliteConfig::new(&path)).await.unwrap();
+    backend.enqueue_batch(vec![job(1), job(2)]).await.unwrap();
+    redrive_sqlite::sqlx::raw_sql(UNDO_PRIORITIES).execute(backend.pool()).await.unwrap();
+    backend.pool().close().await;
+    drop(backend);
+
+    let backend = SqliteBackend::open(SqliteConfig::new(&path)).await.unwrap();
+    let prioritised = [(3, -5), (4, 20), (5, 0), (6, 20), (7, -5)];
+    let batch = prioritised.iter().map(|(n, p)| job(*n).with_priority(*p).unwrap()).collect();
+    backend.enqueue_batch(batch).await.unwrap();
+    backend.enqueue(job(8).with_priority(100).unwrap()).await.unwrap();
+    let lease = Duration::from_secs(30);
+    let first = backend.claim(&Kinds::Any, 4, lease, Duration::ZERO).await.unwrap();
+    let rest = backend.claim(&Kinds::Any, 10, lease, Duration::ZERO).await.unwrap();
+    let order = |claimed: &[redrive_core::kit::Claimed]| -> Vec<(u32, i16)> {
+        claimed.iter().map(|c| (parcel(c), c.job.priority)).collect()
+    };
+    assert_eq!(order(&first), [(8, 100), (4, 20), (6, 20), (1, 0)], "the first batch, in claim order");
+    assert_eq!(order(&rest), [(2, 0), (5, 0), (3, -5), (7, -5)], "the jobs from before run at 0");
+    let refused = backend.enqueue(NewJob { priority: -101, ..job(9) }).await.unwrap_err();
+    assert_eq!(refused.kind(), redrive_core::ErrorKind::InvalidInput, "{refused}");
+
+    // The counts read every priority: one scheduled at 5, one ready at -5.
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    backend.enqueue(job(10).with_priority(5).unwrap().run_at(later)).await.unwrap();
+    backend.enqueue(job(11).with_priority(-5).unwrap()).await.unwrap();
+    let counts = backend.counts().await.unwrap();
+    assert_eq!((counts.queued, counts.scheduled, counts.running), (2, Some(1), 8));
+    assert!(counts.oldest_ready.is_some(), "the job at -5 is ready");
 }

@@ -9,6 +9,8 @@
 //! redrive replay <ID> --by ada --reason "fixed in 1.4.2"
 //! redrive replay --all --by ada --reason "the carrier is back"
 //! redrive discard <ID> --reason "refunded by hand" --by ada
+//! redrive failed list --error "mailbox full"
+//! redrive discard --error "mailbox full" --reason "the addresses are gone" --by ada --yes
 //! redrive kind pause charge_order --reason "the provider is down" --by ada
 //! redrive kind limit charge_order --concurrency 5 --rate 100/1s --by ada
 //! redrive kind list
@@ -20,8 +22,9 @@
 //! ```
 //!
 //! Exit codes: 0 done, 1 error (a broker asked for its jobs: its counts are printed, then the
-//! refusal), 2 nothing matched (no record or job with that id, an empty list, a bulk replay or
-//! cancel that found nothing, no order key blocked, no kind paused or limited, no flow history).
+//! refusal), 2 nothing matched (no record or job with that id, an empty list, a bulk replay,
+//! discard or cancel that found nothing, no order key blocked, no kind paused or limited, no flow
+//! history).
 
 mod backends;
 mod jobs;
@@ -72,17 +75,10 @@ enum Command {
     /// Replays one record by id, every open record matching a filter, or every open record
     /// (`--all`), with its original keys; each record keeps who replayed it and why.
     Replay(ReplayArgs),
-    /// Closes an open record without replaying it.
-    Discard {
-        /// The record's id.
-        id: String,
-        /// Why (kept with the record; required, not blank).
-        #[arg(long)]
-        reason: String,
-        /// Who (kept with the record).
-        #[arg(long)]
-        by: String,
-    },
+    /// Closes an open record without replaying it: one by id, every open record matching a
+    /// filter, or every open record (`--all`). In bulk, `--dry-run` lists what would be closed
+    /// and `--yes` closes it; each record keeps who discarded it and why.
+    Discard(DiscardArgs),
     /// Deletes records (open or closed) whose last failure is older than the age, payloads
     /// included, and frees their keys.
     Purge {
@@ -192,6 +188,10 @@ struct Filter {
     /// Only records whose last failure is older than this (`2h`, `7d`).
     #[arg(long, value_parser = humantime::parse_duration)]
     older_than: Option<Duration>,
+    /// Only records whose last error holds this text (letters without case; `%` and `_` as
+    /// themselves).
+    #[arg(long)]
+    error: Option<String>,
     /// The page after this record id (the last id of the previous page).
     #[arg(long)]
     after: Option<String>,
@@ -211,6 +211,7 @@ impl Filter {
             kind: self.kind.clone(),
             open,
             failed_before: self.older_than.map(ago),
+            error_contains: self.error.clone(),
             after: self.after.clone().map(FailureId),
             limit: self.limit.max(1),
             ..FailureQuery::default()
@@ -223,7 +224,7 @@ struct ReplayArgs {
     /// The record to replay; without it, every open record matching the filters (or `--all`).
     id: Option<String>,
     /// Every open record, of any kind: a bulk replay without a filter must say so.
-    #[arg(long, conflicts_with_all = ["id", "kind", "severity", "older_than"])]
+    #[arg(long, conflicts_with_all = ["id", "kind", "severity", "older_than", "error"])]
     all: bool,
     /// Who replays (kept with each record).
     #[arg(long, required_unless_present = "dry_run")]
@@ -240,6 +241,9 @@ struct ReplayArgs {
     /// Only records whose last failure is older than this (bulk).
     #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "id")]
     older_than: Option<Duration>,
+    /// Only records whose last error holds this text (bulk).
+    #[arg(long, conflicts_with = "id")]
+    error: Option<String>,
     /// Replays a second at most (bulk).
     #[arg(long, default_value_t = 10)]
     rate: u32,
@@ -280,6 +284,39 @@ fn amend(payload: &serde_json::Value, patch: &str) -> redrive::Result<serde_json
         return Err(invalid("the patch changes nothing; replay without --amend".into()));
     }
     Ok(amended)
+}
+
+#[derive(Debug, clap::Args)]
+struct DiscardArgs {
+    /// The record to discard; without it, every open record matching the filters (or `--all`).
+    id: Option<String>,
+    /// Every open record, of any kind: a bulk discard without a filter must say so.
+    #[arg(long, conflicts_with_all = ["id", "kind", "severity", "older_than", "error"])]
+    all: bool,
+    /// Why (kept with each record; required, not blank).
+    #[arg(long, required_unless_present = "dry_run")]
+    reason: Option<String>,
+    /// Who discards (kept with each record).
+    #[arg(long, required_unless_present = "dry_run")]
+    by: Option<String>,
+    /// Only this job kind (bulk).
+    #[arg(long, conflicts_with = "id")]
+    kind: Option<String>,
+    /// Only this severity (bulk).
+    #[arg(long, value_enum, conflicts_with = "id")]
+    severity: Option<Level>,
+    /// Only records whose last failure is older than this (bulk).
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "id")]
+    older_than: Option<Duration>,
+    /// Only records whose last error holds this text (bulk).
+    #[arg(long, conflicts_with = "id")]
+    error: Option<String>,
+    /// Discards what matched (bulk): without it, nothing is closed.
+    #[arg(long, conflicts_with_all = ["id", "dry_run"])]
+    yes: bool,
+    /// Lists what would be discarded, discards nothing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 fn ago(age: Duration) -> chrono::DateTime<chrono::Utc> {
@@ -336,12 +373,7 @@ async fn run(cli: &Cli) -> redrive::Result<Done> {
             Ok(if blocked.is_empty() { Done::NothingMatched } else { Done::Done })
         }
         Command::Replay(args) => replay(&target, &out, args).await,
-        Command::Discard { id, reason, by } => {
-            let id = FailureId(id.clone());
-            target.discard(&id, reason, by).await?;
-            out.record(&target.get(&id).await?);
-            Ok(Done::Done)
-        }
+        Command::Discard(args) => discard(&target, &out, args).await,
         Command::Purge { older_than } => {
             out.count("records purged", target.purge(*older_than).await?);
             Ok(Done::Done)
@@ -410,11 +442,12 @@ async fn replay(target: &AnyBackend, out: &output::Output, args: &ReplayArgs) ->
         out.outcome(&id.0, &outcome);
         return Ok(Done::Done);
     }
-    if !args.all && args.kind.is_none() && args.severity.is_none() && args.older_than.is_none() {
+    if !args.all && args.kind.is_none() && args.severity.is_none() && args.older_than.is_none() && args.error.is_none()
+    {
         // A forgotten id or filter must not put every failure back on the queue.
         return Err(redrive::Error::new(
             ErrorKind::InvalidInput,
-            "no record id and no filter: give an id, a filter (--kind, --severity, --older-than), \
+            "no record id and no filter: give an id, a filter (--kind, --severity, --older-than, --error), \
              or --all to replay every open record",
         ));
     }
@@ -426,22 +459,11 @@ async fn replay(target: &AnyBackend, out: &output::Output, args: &ReplayArgs) ->
         severity: args.severity,
         state: State::Open,
         older_than: args.older_than,
+        error: args.error.clone(),
         after: None,
         limit: 500,
     };
-    let severity = args.severity.map(Level::severity);
-    // Every page first, then the replays: a replayed record closes, which would shift the pages.
-    let mut matching = Vec::new();
-    let mut query = filter.query();
-    loop {
-        let page = target.list(&query).await?;
-        let full = page.len() == query.limit;
-        query.after = page.last().map(|r| r.id.clone());
-        matching.extend(page.into_iter().filter(|r| severity.is_none_or(|s| r.severity == s)));
-        if !full {
-            break;
-        }
-    }
+    let matching = every_page(target, &filter).await?;
     if matching.is_empty() {
         out.count("records replayed", 0);
         return Ok(Done::NothingMatched);
@@ -474,5 +496,85 @@ async fn replay(target: &AnyBackend, out: &output::Output, args: &ReplayArgs) ->
     }
     progress.finish_and_clear();
     out.bulk(replayed, closed);
+    Ok(Done::Done)
+}
+
+/// Every open record `filter` matches, all pages read before anything is closed: a closed record
+/// would shift the pages.
+async fn every_page(target: &AnyBackend, filter: &Filter) -> redrive::Result<Vec<redrive::FailureRecord>> {
+    let severity = filter.severity.map(Level::severity);
+    let mut matching = Vec::new();
+    let mut query = filter.query();
+    loop {
+        let page = target.list(&query).await?;
+        let full = page.len() == query.limit;
+        query.after = page.last().map(|r| r.id.clone());
+        matching.extend(page.into_iter().filter(|r| severity.is_none_or(|s| r.severity == s)));
+        if !full {
+            return Ok(matching);
+        }
+    }
+}
+
+async fn discard(target: &AnyBackend, out: &output::Output, args: &DiscardArgs) -> redrive::Result<Done> {
+    let (reason, by) = (args.reason.as_deref().unwrap_or_default(), args.by.as_deref().unwrap_or_default());
+    if let Some(id) = &args.id {
+        let id = FailureId(id.clone());
+        target.discard(&id, reason, by).await?;
+        out.record(&target.get(&id).await?);
+        return Ok(Done::Done);
+    }
+    if !args.all && args.kind.is_none() && args.severity.is_none() && args.older_than.is_none() && args.error.is_none()
+    {
+        // A forgotten id or filter must not drop every failure.
+        return Err(redrive::Error::new(
+            ErrorKind::InvalidInput,
+            "no record id and no filter: give an id, a filter (--kind, --severity, --older-than, --error), \
+             or --all to discard every open record",
+        ));
+    }
+    if !args.dry_run {
+        redrive::kit::require_audit("a discard's reason (--reason)", reason)?;
+        redrive::kit::require_audit("a discard's actor (--by)", by)?;
+    }
+    let filter = Filter {
+        kind: args.kind.clone(),
+        severity: args.severity,
+        state: State::Open,
+        older_than: args.older_than,
+        error: args.error.clone(),
+        after: None,
+        limit: 500,
+    };
+    let matching = every_page(target, &filter).await?;
+    if matching.is_empty() {
+        out.count("records discarded", 0);
+        return Ok(Done::NothingMatched);
+    }
+    if args.dry_run {
+        out.records(&matching);
+        return Ok(Done::Done);
+    }
+    if !args.yes {
+        // The work a discard drops is not done again: the person says so, having seen the count.
+        return Err(redrive::Error::new(
+            ErrorKind::InvalidInput,
+            format!("{} open records match: list them with --dry-run, and add --yes to discard them", matching.len()),
+        ));
+    }
+    let (mut discarded, mut closed) = (0u64, 0u64);
+    for record in &matching {
+        // Closed meanwhile (replayed, or discarded by someone else): left as it is.
+        if !target.get(&record.id).await?.state.is_open() {
+            closed += 1;
+            continue;
+        }
+        if let Err(e) = target.discard(&record.id, reason, by).await {
+            eprintln!("redrive: stopped after {discarded} discarded; run the same command again to go on");
+            return Err(e);
+        }
+        discarded += 1;
+    }
+    out.discarded(discarded, closed);
     Ok(Done::Done)
 }

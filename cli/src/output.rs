@@ -204,6 +204,13 @@ impl Output {
         println!("replayed {replayed}; {closed} were closed meanwhile");
     }
 
+    pub(crate) fn discarded(&self, discarded: u64, closed: u64) {
+        if self.json {
+            return print_json(&json!({ "discarded": discarded, "already_closed": closed }));
+        }
+        println!("discarded {discarded}; {closed} were closed meanwhile");
+    }
+
     pub(crate) fn stats(&self, counts: Counts, open: u64) {
         let ready = counts.scheduled.map(|s| counts.queued.saturating_sub(s));
         let oldest = counts.oldest_ready.map(|age| age.as_secs_f64());

@@ -1,7 +1,8 @@
 //! The dashboard (`redrive serve`) in a real browser: Debian's chromium driven by
 //! playwright-core, both installed by `scripts/services`, over PostgreSQL. The script
-//! (tests/browser/dashboard.cjs) signs in, reads, discards one record and replays another, signs out; this
-//! test checks the results in the database. Screenshots land in
+//! (tests/browser/dashboard.cjs) signs in, reads, discards one record and replays another, finds
+//! records by their error text and discards them together, signs out; this test checks the results
+//! in the database. Screenshots land in
 //! `$CARGO_TARGET_TMPDIR/dashboard-screenshots`. A missing browser fails the test; it never skips.
 
 mod common;
@@ -37,6 +38,11 @@ async fn an_operator_signs_in_reads_discards_and_replays_in_chromium() {
     db.enqueue_batch(jobs).await.unwrap();
     for claimed in db.claim(&Kinds::Any, 4, Duration::from_secs(30), Duration::from_secs(1)).await.unwrap() {
         db.dead_letter(&claimed, "carrier said no").await.unwrap();
+    }
+    // Two more, found by their error text and discarded together.
+    db.enqueue_batch((1..=2).map(|n| job("mail", n, Severity::Warning)).collect()).await.unwrap();
+    for claimed in db.claim(&Kinds::Any, 2, Duration::from_secs(30), Duration::from_secs(1)).await.unwrap() {
+        db.dead_letter(&claimed, "SMTP 550: mailbox full (quota 100%)").await.unwrap();
     }
 
     let token = "browser-test-token-0123456789";
@@ -75,8 +81,27 @@ async fn an_operator_signs_in_reads_discards_and_replays_in_chromium() {
     let back = db.claim(&Kinds::Any, 10, Duration::from_secs(30), Duration::from_secs(1)).await.unwrap();
     assert_eq!(back.len(), 1, "one job back on the queue");
     assert_eq!(back[0].job.key, replayed.key, "with its original key");
+    for id in done["bulk_discarded"].as_array().unwrap() {
+        let record = db.get(&FailureId(id.as_str().unwrap().into())).await.unwrap();
+        assert_eq!(record.kind, "mail", "only the records whose error matched");
+        assert!(
+            matches!(&record.state, RecordState::Discarded { reason, actor, .. } if reason == "the addresses are gone" && actor == "ada"),
+            "{:?}",
+            record.state
+        );
+    }
     assert_eq!(db.count_open().await.unwrap(), 2);
-    for name in ["02-overview", "04-record", "06-discarded", "08-replayed", "09-audit", "10-sign-out"] {
+    for name in [
+        "02-overview",
+        "04-record",
+        "06-discarded",
+        "08-replayed",
+        "09-audit",
+        "10-sign-out",
+        "11-error-search",
+        "12-bulk-discard-confirm",
+        "13-bulk-discarded",
+    ] {
         assert!(shots.join(format!("{name}.png")).exists(), "screenshot {name}");
     }
 }

@@ -260,3 +260,65 @@ async fn failed_blocked_lists_the_order_keys_a_record_holds_until_it_is_discarde
     let keys: Vec<String> = next.iter().map(|c| c.job.key.to_string()).collect();
     assert_eq!(keys, ["sync_account:n=2"], "one at a time, in enqueue order");
 }
+
+/// Records found by their error text and discarded by filter, on PostgreSQL and on SQLite: the
+/// text's `%` and `_` are themselves, a bulk discard lists with `--dry-run`, refuses without
+/// `--yes` or a reason, closes only what matched (each with who and why), and exits 2 when nothing
+/// does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_found_by_their_error_and_discarded_by_filter() {
+    let pg = database().await;
+    fail(&pg, (1..=3).map(|n| job("mail", n)).collect(), "SMTP 550: mailbox full (quota 100%)").await;
+    fail(&pg, (4..=5).map(|n| job("mail", n)).collect(), "SMTP 421: try again later").await;
+    let url = database_url();
+    let schema = pg.schema().to_owned();
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
+    let file = redrive_sqlite::SqliteBackend::open(redrive_sqlite::SqliteConfig::new(&path)).await.unwrap();
+    file.enqueue_batch((1..=5).map(|n| job("mail", n)).collect()).await.unwrap();
+    for c in file.claim(&Kinds::Any, 5, Duration::from_secs(30), Duration::ZERO).await.unwrap() {
+        let n = c.job.payload["n"].as_u64().unwrap();
+        let error = if n <= 3 { "SMTP 550: mailbox full (quota 100%)" } else { "SMTP 421: try again later" };
+        file.dead_letter(&c, error).await.unwrap();
+    }
+    let sqlite = format!("sqlite://{}", path.display());
+
+    for (backend, schema) in [(url.as_str(), schema.as_str()), (sqlite.as_str(), "-")] {
+        let run = |args: &[&str]| redrive(backend, schema, args);
+        let listed = |text: &str| json(&run(&["--json", "failed", "list", "--error", text])).as_array().unwrap().len();
+        assert_eq!(listed("MAILBOX FULL"), 3, "{backend}: letters without case");
+        assert_eq!(listed("quota 100%)"), 3, "{backend}: % is itself");
+        assert_eq!(
+            run(&["failed", "list", "--error", "mailbox_full"]).status.code(),
+            Some(2),
+            "{backend}: _ is itself"
+        );
+        assert_eq!(run(&["failed", "list", "--error", "550%full"]).status.code(), Some(2), "{backend}: % is itself");
+
+        let bulk = ["discard", "--error", "mailbox full", "--reason", "the addresses are gone", "--by", "ada"];
+        let dry = json(&run(&[&["--json"][..], &bulk, &["--dry-run"]].concat()));
+        assert_eq!(dry.as_array().map(Vec::len), Some(3), "{backend}: the dry run lists what matched: {dry}");
+        let unsaid = run(&bulk);
+        let said = String::from_utf8_lossy(&unsaid.stderr);
+        assert_eq!(unsaid.status.code(), Some(1), "{backend}: without --yes: {said}");
+        assert!(said.contains("--yes") && said.contains("3 open records"), "{backend}: {said}");
+        let no_reason = run(&["discard", "--error", "mailbox full", "--reason", " ", "--by", "ada", "--yes"]);
+        assert_eq!(no_reason.status.code(), Some(1), "{backend}: a blank reason is refused");
+        let nothing = run(&["discard", "--by", "ada", "--reason", "oops", "--yes"]);
+        assert_eq!(nothing.status.code(), Some(1), "{backend}: no filter and no --all is refused");
+        let open = || json(&run(&["--json", "failed", "count"]))["open_records"].clone();
+        assert_eq!(open(), 5, "{backend}: nothing closed yet");
+
+        let done = json(&run(&[&["--json"][..], &bulk, &["--yes"]].concat()));
+        assert_eq!(done["discarded"], 3, "{backend}: {done}");
+        assert_eq!(open(), 2, "{backend}: the others stay open");
+        let closed = json(&run(&["--json", "failed", "list", "--state", "closed", "--error", "MAILBOX"]));
+        for record in closed.as_array().unwrap() {
+            assert_eq!(record["state"]["state"], "discarded", "{record}");
+            let who = (&record["state"]["actor"], &record["state"]["reason"]);
+            assert_eq!(who, (&"ada".into(), &"the addresses are gone".into()), "{backend}");
+        }
+        assert_eq!(run(&[&bulk[..], &["--yes"]].concat()).status.code(), Some(2), "{backend}: nothing left to discard");
+    }
+}

@@ -15,8 +15,8 @@
 //! that nothing else reads: each capability is a promise the suite checks. The last are flow
 //! control: a handler's "not now", a timeout per kind, a paused kind, a circuit breaker through an
 //! outage, a rate limit, and concurrency limits per kind and per key (kept in the ledger's flow
-//! store, shared by every worker), and order per key through a failure. Then replays settled by
-//! their job (failed again, and amended), and the cancel of a queued job.
+//! store, shared by every worker), order per key through a failure, and priorities. Then replays
+//! settled by their job (failed again, and amended), and the cancel of a queued job.
 //!
 //! | # | scenario | the invariant |
 //! |---|---|---|
@@ -30,7 +30,7 @@
 //! | 8 | [`dead_worker`] | a worker that dies holding a lease: the job runs again after it, once |
 //! | 9 | [`stale_lease`] | an expired, re-claimed lease cannot settle the job |
 //! | 10 | [`many_workers`] | many workers, many jobs, duplicate keys: each key done once or recorded |
-//! | 11 | [`discard_and_purge`] | discard with reason and actor (blank ones refused), purge by age, counts right |
+//! | 11 | [`discard_and_purge`] | discard with reason and actor (blank ones refused), records found and discarded by their error text, purge by age, counts right |
 //! | 12 | [`graceful_shutdown`] | shutdown loses and duplicates nothing |
 //! | 13 | [`stranded_claims`] | a worker that dies strands its claimed-ahead jobs for the claim lease, not the lease |
 //! | 14 | [`slow_handler`] | a handler running 2.5× its lease, heartbeat on or off: one start, one effect |
@@ -62,9 +62,10 @@
 //! | 40 | [`kind_concurrency`] | a concurrency limit per kind across two workers: never more at once, every job once |
 //! | 41 | [`key_concurrency`] | a concurrency limit per key: one tenant one at a time, the others not held behind it |
 //! | 42 | [`ordered_through_failure`] | jobs of one order key: in enqueue order, one at a time, held behind an open record until its replay or discard; refused where order is not kept |
-//! | 43 | [`replay_failed_again`] | a replay whose job fails again: the old record names the new one and the new one it, never confirmed; the new one's replay confirmed |
-//! | 44 | [`amended_replay`] | a replay with a corrected payload under the same keys: audited, run once with it, both payloads kept, confirmed; a plain enqueue of another payload still a `KeyConflict`; refused where the backend cannot amend |
-//! | 45 | [`cancel`] | a queued or scheduled job cancelled by id or key: never runs, stays cancelled with its audit, its key taken; refused where jobs are not listed |
+//! | 43 | [`priorities`] | one handler starts the ready jobs highest priority first, in enqueue order within one; a priority refused where claims ignore it |
+//! | 44 | [`replay_failed_again`] | a replay whose job fails again: the old record names the new one and the new one it, never confirmed; the new one's replay confirmed |
+//! | 45 | [`amended_replay`] | a replay with a corrected payload under the same keys: audited, run once with it, both payloads kept, confirmed; a plain enqueue of another payload still a `KeyConflict`; refused where the backend cannot amend |
+//! | 46 | [`cancel`] | a queued or scheduled job cancelled by id or key: never runs, stays cancelled with its audit, its key taken; refused where jobs are not listed |
 //!
 //! # Running it against your backend
 //!
@@ -113,6 +114,7 @@ mod limits;
 mod live;
 mod logs;
 mod order;
+mod priority;
 mod process;
 mod receipts;
 mod records;
@@ -137,6 +139,7 @@ pub use leases::{dead_worker, graceful_shutdown, slow_handler, stale_lease, stra
 pub use limits::*;
 pub use live::cancel;
 pub use order::ordered_through_failure;
+pub use priority::priorities;
 pub use process::{EnqueueJobs, hang_until_killed, is_killed_child, kill_worker_mid_job};
 pub use receipts::*;
 pub use records::check_record_store;
@@ -296,7 +299,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 45] = [
+pub const SCENARIOS: [&str; 46] = [
     "replay",
     "race",
     "exhaust",
@@ -339,6 +342,7 @@ pub const SCENARIOS: [&str; 45] = [
     "kind_concurrency",
     "key_concurrency",
     "ordered_through_failure",
+    "priorities",
     "replay_failed_again",
     "amended_replay",
     "cancel",
@@ -355,7 +359,7 @@ macro_rules! suite {
             alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled
             settle_retried payload_limits no_receipt_in_logs atomic_batch claim_by_kind crash_refunds max_delay
             not_now timeout paused_kind outage_storm rate_limited kind_concurrency key_concurrency
-            ordered_through_failure replay_failed_again amended_replay cancel);
+            ordered_through_failure priorities replay_failed_again amended_replay cancel);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(

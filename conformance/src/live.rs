@@ -9,7 +9,7 @@ use redrive_core::{CancelOutcome, Enqueued, ErrorKind, JobQuery, JobState, Jobs,
 use crate::harness::{Probe, Run, ensure};
 use crate::{Outcome, Queue, Subject};
 
-/// Behaviour 45: Three jobs: one ready, one scheduled an hour ahead, one left to run. The list
+/// Behaviour 46: Three jobs: one ready, one scheduled an hour ahead, one left to run. The list
 /// shows each in its state, filtered by state and key. A cancel without a reason or an actor is
 /// refused and changes nothing; the ready one is cancelled by id, the scheduled one by key, and a
 /// second cancel is answered with the first one's audit. A worker then runs the third and never

@@ -11,8 +11,9 @@ use crate::sample_record as record;
 /// written, gives a replay's take to one caller, gives it back or closes it, keeps a replayed
 /// record replaying (with who and why) until it is confirmed, or until a new record that names it
 /// settles it as failed again (also when the job settles before the replay closes it), reopens a
-/// take whose window lapsed, pages in the order kept, finds text with quotes and newlines, and
-/// purges by age. Give it a store with no records of the queue
+/// take whose window lapsed, pages in the order kept, finds text with quotes and newlines, finds
+/// records by their error text (without case, wildcards as themselves), and purges by age. Give
+/// it a store with no records of the queue
 /// `arn:aws:sqs:us-east-1:000000000000:jobs`.
 pub async fn check_record_store(store: &impl RecordStore) {
     let queue = "arn:aws:sqs:us-east-1:000000000000:jobs";
@@ -67,11 +68,30 @@ pub async fn check_record_store(store: &impl RecordStore) {
     assert_eq!(store.records(queue, &next).await.unwrap()[0].id, *other, "pages in the order kept");
     assert!(store.records_mention(queue, "say \"hi\"\n").await.unwrap(), "text with quotes and a newline is found");
 
+    // The error text: without case, its `%` and `_` as themselves.
+    let quota = redrive_core::FailureRecord {
+        last_error: "Quota at 100% for tenant a_b".into(),
+        ..record(3, serde_json::json!({"parcel": 3}))
+    };
+    assert_eq!(store.keep_records(queue, std::slice::from_ref(&quota)).await.unwrap(), 1);
+    let by_error = |text: &str| FailureQuery { error_contains: Some(text.to_owned()), ..FailureQuery::default() };
+    for (text, expected) in [
+        ("CARRIER rejected", vec![&records[0].id, &records[1].id]),
+        ("quota AT 100%", vec![&quota.id]),
+        ("tenant a_b", vec![&quota.id]),
+        ("q%a", vec![]),
+        ("t_nant", vec![]),
+        ("100%%", vec![]),
+    ] {
+        let found = store.records(queue, &by_error(text)).await.unwrap();
+        assert_eq!(found.iter().map(|r| &r.id).collect::<Vec<_>>(), expected, "records whose error holds {text:?}");
+    }
+
     // A replayed job that fails again: its new record names the old one, kept in one write that
     // settles the old one as failed again, naming the new one.
     assert!(matches!(store.take_for_replay(queue, other, window).await.unwrap(), Taken::Record(_)));
     assert_eq!(store.close_record(queue, other, &RecordState::replaying("retry", "ana", false)).await.unwrap(), None);
-    let again = redrive_core::FailureRecord { replay_of: Some(other.clone()), ..record(3, serde_json::json!({})) };
+    let again = redrive_core::FailureRecord { replay_of: Some(other.clone()), ..record(4, serde_json::json!({})) };
     assert_eq!(store.keep_records(queue, std::slice::from_ref(&again)).await.unwrap(), 1);
     let old = store.record(queue, other).await.unwrap().state;
     assert!(
@@ -93,6 +113,6 @@ pub async fn check_record_store(store: &impl RecordStore) {
         matches!(&raced, RecordState::Confirmed { reason, actor, .. } if reason == "fast" && actor == "bo"),
         "the replay's close keeps who and why on a record its job confirmed first: {raced:?}"
     );
-    assert_eq!(store.purge_records(queue, Duration::ZERO).await.unwrap(), 3);
+    assert_eq!(store.purge_records(queue, Duration::ZERO).await.unwrap(), 4);
     assert!(!store.records_mention(queue, "say \"hi\"").await.unwrap());
 }

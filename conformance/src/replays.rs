@@ -10,7 +10,7 @@ use crate::harness::{Fault, Probe, Run, ensure};
 use crate::scenarios::{exhaust_one, wait_confirmed};
 use crate::{Outcome, Queue, Subject};
 
-/// Behaviour 43: A record replayed while its fault remains: the replayed job fails again into a
+/// Behaviour 44: A record replayed while its fault remains: the replayed job fails again into a
 /// new record that names the old one (`replay_of`), and the old one is `FailedAgain`, naming the
 /// new one, with who replayed it and why; never confirmed. The fault removed, the new record's
 /// replay runs once and is confirmed; the old one stays as it was.
@@ -67,7 +67,7 @@ pub async fn replay_failed_again<Q: Queue, L: Ledger + Clone + 'static>(subject:
     run.report(&[900], &[]).await
 }
 
-/// Behaviour 44: A job that fails for its data (a malformed address), replayed with a corrected
+/// Behaviour 45: A job that fails for its data (a malformed address), replayed with a corrected
 /// payload under the same keys: refused without a reason or actor; then the handler gets the
 /// corrected payload, once, with the original provider key; the record keeps the original
 /// payload and the amended one, and is confirmed. A plain enqueue of another payload under the

@@ -385,8 +385,9 @@ pub async fn many_workers<Q: Queue, L: Ledger + Clone + 'static>(subject: Subjec
     run.report(&succeed, &fail).await
 }
 
-/// Behaviour 11: Discard with reason and actor (a blank one refused); purge by age; the open count
-/// stays right throughout.
+/// Behaviour 11: Discard with reason and actor (a blank one refused); records found by their error
+/// text and discarded by it (`ReplayExt::discard_matching`); purge by age; the open count stays
+/// right throughout.
 pub async fn discard_and_purge<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<Q, L>) -> Outcome {
     let run = Run::new("discard_and_purge", subject);
     let q = &run.s.queue;
@@ -443,6 +444,46 @@ pub async fn discard_and_purge<Q: Queue, L: Ledger + Clone + 'static>(subject: S
         matches!(replay, ReplayOutcome::AlreadyClosed(_)),
         "a discarded record should not replay, got {replay:?}"
     );
+
+    // Found by their error text (without case; `_` is itself, not any character), and the rest
+    // discarded by it, each with the reason and actor.
+    let by_error = |text: &str| FailureQuery { error_contains: Some(text.to_owned()), ..FailureQuery::default() };
+    for (text, expected) in [("PERMANENT failure OF PROBE 2", 3), ("probe 2_", 0), ("of probe 21", 1)] {
+        let found = run.must("list by error text", q.list(&by_error(text)).await)?;
+        ensure!(
+            run,
+            found.len() == expected,
+            "listing by the error text {text:?} should find {expected} records (\"forced permanent failure of probe \
+             20\" to 22), found {}",
+            found.len()
+        );
+    }
+    let open: Vec<_> = run.open_records().await?.into_iter().map(|r| r.id).collect();
+    let blank = q.discard_matching(&by_error("of probe 2"), " ", "ops@example.com").await;
+    ensure!(
+        run,
+        blank.as_ref().is_err_and(|e| e.kind() == ErrorKind::InvalidInput),
+        "a discard by filter without a reason should be refused as InvalidInput, got {blank:?}"
+    );
+    let batch = FailureQuery { limit: 1, ..by_error("OF PROBE 2") };
+    let discarded =
+        run.must("discard by filter", q.discard_matching(&batch, "superseded by 1.4.3", "ops@example.com").await)?;
+    ensure!(
+        run,
+        discarded == open,
+        "a discard by filter should close the open records it matches, all pages, in order: {open:?}; closed \
+         {discarded:?}"
+    );
+    for id in &discarded {
+        let state = run.must("get", q.get(id).await)?.state;
+        ensure!(
+            run,
+            matches!(&state, RecordState::Discarded { reason, actor, .. }
+                if reason == "superseded by 1.4.3" && actor == "ops@example.com"),
+            "record {id} should be discarded with the reason and actor, is {state:?}"
+        );
+    }
+    ensure!(run, run.must("count", q.count_open().await)? == 0, "no open records after the discard by filter");
 
     let kept = run.must("purge", q.purge(Duration::from_secs(3600)).await)?;
     ensure!(run, kept == 0, "a purge by an hour should delete nothing yet, deleted {kept}");

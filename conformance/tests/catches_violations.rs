@@ -96,12 +96,13 @@ enum Fault {
     /// `release_hold` does nothing: a key stays held until its hold lapses.
     HoldKept,
     /// Not a fault: declares what a broker does (no atomic batch, no claim by kind, no crash
-    /// refunds, no delay of its own, no order per key, refusing order keys), so that the suite
-    /// holds it to less.
+    /// refunds, no delay of its own, no order per key, no priorities, refusing order keys and
+    /// priorities), so that the suite holds it to less.
     DeclaresLess,
     /// Enqueue drops a job's order key: jobs of one key run at once, and past a failed one.
     IgnoresOrder,
-    /// Declares no order per key, yet takes jobs with an order key and runs them unordered.
+    /// Declares no order per key and no priorities, yet takes jobs with an order key or a
+    /// priority and runs them unordered.
     AcceptsUnordered,
     /// A replayed record reads as confirmed as soon as it is replayed, before its job ran (what
     /// the dashboard and command showed before replays were confirmed by their effect).
@@ -115,6 +116,8 @@ enum Fault {
     CancelIgnored,
     /// Declares no live jobs (`DeclaresLess`), yet lists and cancels them.
     ListsAnyway,
+    /// Enqueue drops a job's priority: claims take the jobs oldest first, whatever their priority.
+    IgnoresPriority,
 }
 
 impl Broken {
@@ -143,6 +146,7 @@ impl Backend for Broken {
             max_delay: None,
             order_per_key: false,
             live_jobs: false,
+            priorities: false,
             ..declared
         }
     }
@@ -173,8 +177,11 @@ impl Broken {
         if self.has(Fault::IgnoresOrder) {
             job.order_key = None;
         }
+        if self.has(Fault::IgnoresPriority) {
+            job.priority = 0;
+        }
         if !self.has(Fault::AcceptsUnordered) {
-            // The order check alone: the size is the other faults' business.
+            // The order and priority checks alone: the size is the other faults' business.
             job.check_fits(&Capabilities { max_payload: usize::MAX, ..self.capabilities() })?;
         }
         Ok(Some(job))
@@ -658,6 +665,7 @@ async fn a_backend_that_declares_less_is_held_to_less() {
     redrive_conformance::check(redrive_conformance::max_delay(less(Fault::WorkerSchedules)).await);
     redrive_conformance::check(redrive_conformance::ordered_through_failure(less(Fault::DeclaresLess)).await);
     redrive_conformance::check(redrive_conformance::cancel(less(Fault::DeclaresLess)).await);
+    redrive_conformance::check(redrive_conformance::priorities(less(Fault::DeclaresLess)).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -684,6 +692,19 @@ async fn ignoring_the_order_key_fails_ordered_through_failure() {
 async fn taking_order_keys_without_keeping_order_fails_ordered_through_failure() {
     let subject = broken(&[Fault::DeclaresLess, Fault::AcceptsUnordered], timing());
     let violation = redrive_conformance::ordered_through_failure(subject).await.unwrap_err();
+    assert!(violation.message.contains("should be refused with InvalidInput"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignoring_priorities_fails_priorities() {
+    let violation = redrive_conformance::priorities(broken(&[Fault::IgnoresPriority], timing())).await.unwrap_err();
+    assert!(violation.message.contains("should start by priority"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taking_priorities_without_keeping_them_fails_priorities() {
+    let subject = broken(&[Fault::DeclaresLess, Fault::AcceptsUnordered], timing());
+    let violation = redrive_conformance::priorities(subject).await.unwrap_err();
     assert!(violation.message.contains("should be refused with InvalidInput"), "{violation}");
 }
 

@@ -98,6 +98,8 @@ impl Envelope {
             attempt,
             cap: self.cap,
             severity: self.severity,
+            // Refused at enqueue where it would be other (`NewJob::check_fits`).
+            priority: 0,
             enqueued_at: self.enqueued_at,
             deadline: self.deadline,
             not_before: self.not_before,

@@ -18,6 +18,9 @@ pub const DEFAULT_CAP: u32 = 5;
 /// The longest [`Job::order_key`], in bytes.
 pub const MAX_ORDER_KEY: usize = 255;
 
+/// The lowest and the highest [`NewJob::priority`]: -100 to 100, 0 by default.
+pub const PRIORITIES: std::ops::RangeInclusive<i16> = -100..=100;
+
 /// How loudly a failure record of this job should page someone. Ordered: `Warning` <
 /// `Error` < `Critical`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
@@ -110,6 +113,15 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     fn order_key(&self) -> Option<String> {
         None
     }
+
+    /// Claimed before every ready job of a lower priority, after every one of a higher; jobs of
+    /// one priority oldest first, as without priorities. In [`PRIORITIES`], 0 (the default)
+    /// unless said. An order key outranks it: a job still waits for the earlier ones of its key. Only
+    /// backends whose [`Capabilities::priorities`](crate::kit::Capabilities) is set order claims
+    /// by it; the others refuse a job of any other priority than 0 at enqueue.
+    fn priority(&self) -> i16 {
+        0
+    }
 }
 
 /// A job ready to enqueue: its keys are fixed here, once, and never re-derived by a retry.
@@ -139,6 +151,8 @@ pub struct NewJob {
     /// job's settlement confirms that record or links it to the next. A producer leaves it
     /// `None`.
     pub replay_of: Option<crate::backend::FailureId>,
+    /// Claimed before the ready jobs of lower priorities (see [`Job::priority`]).
+    pub priority: i16,
 }
 
 impl NewJob {
@@ -156,7 +170,7 @@ impl NewJob {
         if let Some(order) = job.order_key() {
             new = new.with_order_key(order)?;
         }
-        Ok(new)
+        new.with_priority(job.priority())
     }
 
     /// Builds a job from its parts, for producers without a Rust type for it.
@@ -174,6 +188,7 @@ impl NewJob {
             not_before: None,
             order_key: None,
             replay_of: None,
+            priority: 0,
         })
     }
 
@@ -191,6 +206,24 @@ impl NewJob {
             ));
         }
         self.order_key = Some(order);
+        Ok(self)
+    }
+
+    /// Claims the job before the ready jobs of lower priorities (see [`Job::priority`]): in
+    /// [`PRIORITIES`], else [`ErrorKind::InvalidInput`].
+    pub fn with_priority(mut self, priority: i16) -> Result<Self> {
+        if !PRIORITIES.contains(&priority) {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "the priority of job {} is {priority}, outside {} to {}",
+                    self.key,
+                    PRIORITIES.start(),
+                    PRIORITIES.end()
+                ),
+            ));
+        }
+        self.priority = priority;
         Ok(self)
     }
 
@@ -246,7 +279,9 @@ impl NewJob {
     /// Refuses what a backend with these capabilities cannot keep: a payload over its limit
     /// ([`ErrorKind::PayloadTooLarge`]), an order key where it keeps no order
     /// ([`ErrorKind::InvalidInput`]: run out of order, the job would break the promise its order
-    /// key makes).
+    /// key makes), a priority outside [`PRIORITIES`], or other than 0 where claims ignore
+    /// priorities ([`ErrorKind::InvalidInput`]: the documented pattern there is a queue per
+    /// priority).
     pub fn check_fits(&self, capabilities: &crate::kit::Capabilities) -> Result<()> {
         self.check_size(capabilities.max_payload)?;
         if self.order_key.is_some() && !capabilities.order_per_key {
@@ -255,6 +290,21 @@ impl NewJob {
                 format!(
                     "job {} has an order key, and this backend does not keep order per key (see Capabilities::order_per_key)",
                     self.key
+                ),
+            ));
+        }
+        if !PRIORITIES.contains(&self.priority) {
+            // The field is public: `with_priority` is not the only way to set it.
+            return self.clone().with_priority(self.priority).map(|_| ());
+        }
+        if self.priority != 0 && !capabilities.priorities {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "job {} has priority {}, and this backend does not order claims by priority (see \
+                     Capabilities::priorities): use a queue per priority, as docs/RUNBOOK.md says under \
+                     \"Priorities on a broker\"",
+                    self.key, self.priority
                 ),
             ));
         }
@@ -341,6 +391,8 @@ pub struct JobRecord {
     pub cap: u32,
     /// The alert severity.
     pub severity: Severity,
+    /// Its priority (see [`Job::priority`]); 0 on a backend without priorities.
+    pub priority: i16,
     /// When the job was first enqueued.
     pub enqueued_at: DateTime<Utc>,
     /// Dropped unrun if claimed after this (see [`NewJob::deadline`]).
@@ -503,6 +555,29 @@ mod tests {
     }
 
     #[test]
+    fn priorities_outside_the_range_are_refused() {
+        let key = IdempotencyKey::builder("k").fact("a", 1).build().unwrap();
+        let job = NewJob::new("k", key, json!({})).unwrap();
+        assert_eq!(job.priority, 0, "the default");
+        for bad in [-101, 101, i16::MIN, i16::MAX] {
+            let err = job.clone().with_priority(bad).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad}");
+        }
+        for good in [-100, -1, 0, 1, 100] {
+            assert_eq!(job.clone().with_priority(good).unwrap().priority, good);
+        }
+        let refusing = crate::kit::Capabilities { priorities: false, ..Default::default() };
+        assert!(job.clone().with_priority(0).unwrap().check_fits(&refusing).is_ok(), "0 fits anywhere");
+        let err = job.clone().with_priority(5).unwrap().check_fits(&refusing).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("a queue per priority"), "{err}");
+        let keeping = crate::kit::Capabilities { priorities: true, ..Default::default() };
+        assert!(job.clone().with_priority(5).unwrap().check_fits(&keeping).is_ok());
+        let set_by_hand = NewJob { priority: 300, ..job };
+        assert_eq!(set_by_hand.check_fits(&keeping).unwrap_err().kind(), ErrorKind::InvalidInput);
+    }
+
+    #[test]
     fn oversized_payloads_are_refused() {
         let key = IdempotencyKey::builder("k").fact("a", 1).build().unwrap();
         let job = NewJob::new("k", key, json!({"blob": "x".repeat(100)})).unwrap();
@@ -526,7 +601,7 @@ mod tests {
 }
 
 debug_redacted!(NewJob {
-    show: [kind, key, provider_key, cap, severity, deadline, not_before, order_key, replay_of],
+    show: [kind, key, provider_key, cap, severity, deadline, not_before, order_key, priority, replay_of],
     hide: [payload]
 });
 debug_redacted!(JobRecord {
@@ -538,6 +613,7 @@ debug_redacted!(JobRecord {
         attempt,
         cap,
         severity,
+        priority,
         enqueued_at,
         deadline,
         not_before,

@@ -79,7 +79,9 @@ pub use backend::{
     LiveJob, Paused, QueueStats, QueueStatsExt, Rate, RecordState, Replay, ReplayExt, ReplayOutcome, Running,
 };
 pub use error::{Error, ErrorKind, Result, Retry};
-pub use job::{DEFAULT_CAP, Job, JobContext, JobError, JobId, JobRecord, MAX_ORDER_KEY, NewJob, Retrying, Severity};
+pub use job::{
+    DEFAULT_CAP, Job, JobContext, JobError, JobId, JobRecord, MAX_ORDER_KEY, NewJob, PRIORITIES, Retrying, Severity,
+};
 pub use key::{IdempotencyKey, KeyBuilder, ProviderKey};
 pub use memory::MemoryBackend;
 pub use policy::{Backoff, DEFAULT_MAX_NOT_NOW, Decision, Outcome, RetryPolicy};

@@ -43,6 +43,7 @@ mod tests {
             attempt: 1,
             cap: 5,
             severity: Severity::Error,
+            priority: 0,
             enqueued_at: chrono::Utc::now(),
             deadline: None,
             not_before: None,

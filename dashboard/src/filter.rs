@@ -20,6 +20,9 @@ pub(crate) struct Filter {
     /// An age: `2h`, `7d`.
     #[serde(default)]
     pub(crate) older_than: String,
+    /// Text the last error holds (letters without case; `%` and `_` as themselves).
+    #[serde(default)]
+    pub(crate) error: String,
     #[serde(default)]
     pub(crate) after: String,
     /// Only records whose last failure is before this instant (milliseconds since the epoch):
@@ -60,6 +63,7 @@ impl Filter {
             kind: (!self.kind.is_empty()).then(|| self.kind.clone()),
             open,
             failed_before,
+            error_contains: (!self.error.is_empty()).then(|| self.error.clone()),
             after: (!self.after.is_empty()).then(|| FailureId(self.after.clone())),
             limit,
             ..FailureQuery::default()
@@ -83,12 +87,16 @@ impl Filter {
         if !self.older_than.is_empty() {
             text += &format!(", last failed over {} ago", self.older_than.trim());
         }
+        if !self.error.is_empty() {
+            text += &format!(", last error holding \"{}\"", self.error);
+        }
         text
     }
 
     pub(crate) fn query_string(&self, after: Option<&str>) -> String {
         let mut pairs = vec![("kind", self.kind.as_str()), ("severity", &self.severity), ("state", &self.state)];
         pairs.push(("older_than", &self.older_than));
+        pairs.push(("error", &self.error));
         pairs.push(("after", after.unwrap_or_default()));
         pairs
             .into_iter()

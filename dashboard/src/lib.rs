@@ -1,6 +1,7 @@
 //! A web dashboard for redrive's failure records, on any backend: the open records by kind and
 //! severity, one record's payload beside its error history, replay and discard with a
-//! confirmation, bulk replay of a filter with its progress, the audit trail (who closed each
+//! confirmation, records searched by kind, state, age and error text, bulk replay and bulk
+//! discard of a filter with their progress, the audit trail (who closed each
 //! record and why, as the records keep it), the queue's depth, and a Prometheus `/metrics`.
 //! A Jobs page lists the live jobs where the backend stores them (queued, scheduled, running,
 //! done, failed, cancelled; filtered by kind, key, state and age), shows one with its payload and

@@ -38,6 +38,8 @@ pub(crate) fn routes<B: Records>() -> Router<Arc<App<B>>> {
         .route("/records/{id}/discard", get(confirm_discard::<B>).post(discard::<B>))
         .route("/replay", get(confirm_bulk::<B>).post(bulk::<B>))
         .route("/replays/{number}", get(progress::<B>))
+        .route("/discard", get(confirm_bulk_discard::<B>).post(bulk_discard::<B>))
+        .route("/discards/{number}", get(progress::<B>))
         .route("/audit", get(audit::<B>))
         .route("/login", get(login_page::<B>).post(login::<B>))
 }
@@ -178,7 +180,20 @@ async fn records<B: Records>(State(app): Shared<B>, Query(filter): Query<Filter>
     let rows = page.iter().filter(|r| severity.is_none_or(|s| r.severity == s)).map(views::Row::of).collect();
     let open = matches!(filter.state.as_str(), "" | "open");
     let bulk = open.then(|| Filter { after: String::new(), ..filter.clone() }.query_string(None));
-    render(StatusCode::OK, views::RecordList { frame: frame("Records"), filter: filter.describe(), rows, next, bulk })
+    render(
+        StatusCode::OK,
+        views::RecordList {
+            frame: frame("Records"),
+            filter: filter.describe(),
+            rows,
+            next,
+            bulk,
+            kind: filter.kind,
+            error: filter.error,
+            state: filter.state,
+            older_than: filter.older_than,
+        },
+    )
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -302,20 +317,26 @@ async fn discard<B: Records>(
     Redirect::to(&format!("/records/{}?done=discarded", encode(&id.0))).into_response()
 }
 
+/// The filter a bulk confirmation fixes: open records, the age become an instant, so that the post
+/// matches what is confirmed here, not what has aged into the filter since (or failed since: those
+/// fail after the instant).
+fn fixed(filter: Filter) -> Result<Filter, String> {
+    let query = filter.query(1)?;
+    Ok(Filter {
+        state: "open".into(),
+        after: String::new(),
+        before: query.failed_before.unwrap_or_else(Utc::now).timestamp_millis().to_string(),
+        ..filter
+    })
+}
+
 async fn confirm_bulk<B: Records>(
     State(app): Shared<B>,
     Query(filter): Query<Filter>,
     Extension(csrf): Extension<Csrf>,
 ) -> Response {
-    // The age becomes an instant, so that the post matches what is confirmed here, not what has
-    // aged into the filter since (or failed since: those fail after the instant).
-    let filter = match filter.query(1) {
-        Ok(query) => Filter {
-            state: "open".into(),
-            after: String::new(),
-            before: query.failed_before.unwrap_or_else(Utc::now).timestamp_millis().to_string(),
-            ..filter
-        },
+    let filter = match fixed(filter) {
+        Ok(filter) => filter,
         Err(m) => return problem(StatusCode::BAD_REQUEST, m),
     };
     let (found, _) = match matching(&app, &filter, READ_AT_MOST).await {
@@ -332,10 +353,97 @@ async fn confirm_bulk<B: Records>(
             kind: filter.kind,
             severity: filter.severity,
             older_than: filter.older_than,
+            error: filter.error,
             before: filter.before,
             csrf: csrf.0,
         },
     )
+}
+
+async fn confirm_bulk_discard<B: Records>(
+    State(app): Shared<B>,
+    Query(filter): Query<Filter>,
+    Extension(csrf): Extension<Csrf>,
+) -> Response {
+    let filter = match fixed(filter) {
+        Ok(filter) => filter,
+        Err(m) => return problem(StatusCode::BAD_REQUEST, m),
+    };
+    let (found, _) = match matching(&app, &filter, READ_AT_MOST).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    render(
+        StatusCode::OK,
+        views::BulkDiscardConfirm {
+            frame: frame("Bulk discard"),
+            filter: filter.describe(),
+            count: found.len(),
+            confirmed: fingerprint(&found),
+            kind: filter.kind,
+            severity: filter.severity,
+            older_than: filter.older_than,
+            error: filter.error,
+            before: filter.before,
+            csrf: csrf.0,
+        },
+    )
+}
+
+#[derive(Debug, Deserialize)]
+struct BulkDiscardForm {
+    #[serde(flatten)]
+    act: Act,
+    #[serde(flatten)]
+    filter: Filter,
+    /// The confirmed records' [`fingerprint`].
+    #[serde(default)]
+    confirmed: String,
+}
+
+async fn bulk_discard<B: Records>(
+    State(app): Shared<B>,
+    headers: HeaderMap,
+    jar: CookieJar,
+    Form(form): Form<BulkDiscardForm>,
+) -> Response {
+    if let Some(refused) = refuse(&headers, &jar, &form.act) {
+        return refused;
+    }
+    let reason = form.act.reason.trim().to_owned();
+    if reason.is_empty() {
+        return problem(StatusCode::UNPROCESSABLE_ENTITY, "Give a reason: it stays with each record.");
+    }
+    if form.filter.before.is_empty() || form.confirmed.is_empty() {
+        return problem(StatusCode::UNPROCESSABLE_ENTITY, "Confirm the bulk discard on its page first.");
+    }
+    let filter = Filter { state: "open".into(), after: String::new(), ..form.filter };
+    // Every page first, then the discards: a discarded record closes, which would shift the pages.
+    let (found, _) = match matching(&app, &filter, READ_AT_MOST).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    if found.is_empty() {
+        return problem(StatusCode::NOT_FOUND, format!("No {} to discard.", filter.describe()));
+    }
+    // Only what the operator saw and confirmed, as for a bulk replay.
+    if fingerprint(&found) != form.confirmed {
+        let again = format!("/discard?{}", filter.query_string(None));
+        return problem(
+            StatusCode::CONFLICT,
+            format!(
+                "The matching records changed since you confirmed ({} match now): nothing was discarded. \
+                 Confirm again at {again}.",
+                found.len()
+            ),
+        );
+    }
+    let by = form.act.by.trim().to_owned();
+    let described = filter.describe();
+    tracing::info!(records = found.len(), by, "bulk discard started from the dashboard");
+    let ids = found.into_iter().map(|r| r.id).collect();
+    let number = app.bulk.start(app.clone(), ids, None, described, by, reason);
+    Redirect::to(&format!("/discards/{number}")).into_response()
 }
 
 /// What a bulk replay's confirmation and its post compare: the matching records' ids, hashed.
@@ -399,23 +507,25 @@ async fn bulk<B: Records>(
     let described = filter.describe();
     tracing::info!(records = found.len(), rate, by, "bulk replay started from the dashboard");
     let ids = found.into_iter().map(|r| r.id).collect();
-    let number = app.bulk.start(app.clone(), ids, rate, described, by, reason);
+    let number = app.bulk.start(app.clone(), ids, Some(rate), described, by, reason);
     Redirect::to(&format!("/replays/{number}")).into_response()
 }
 
 async fn progress<B: Records>(State(app): Shared<B>, Path(number): Path<usize>) -> Response {
     let Some(run) = app.bulk.get(number) else {
-        return problem(StatusCode::NOT_FOUND, "No such bulk replay (they are kept while the dashboard runs).");
+        return problem(StatusCode::NOT_FOUND, "No such bulk run (they are kept while the dashboard runs).");
     };
     let failure = run.failure.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let what = if run.discard { "discard" } else { "replay" };
     render(
         StatusCode::OK,
         views::Progress {
-            frame: frame(format!("Bulk replay {number}")),
+            frame: frame(format!("Bulk {what} {number}")),
+            what,
             filter: run.filter.clone(),
             by: run.by.clone(),
             total: run.total,
-            replayed: run.replayed.load(Ordering::Relaxed),
+            done: run.done.load(Ordering::Relaxed),
             closed: run.closed.load(Ordering::Relaxed),
             failure,
             running: !run.finished.load(Ordering::Acquire),

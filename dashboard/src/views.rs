@@ -162,8 +162,13 @@ pub(crate) struct RecordList {
     pub(crate) rows: Vec<Row>,
     /// The query string of the next page.
     pub(crate) next: Option<String>,
-    /// The query string of a bulk replay of this filter, when it lists open records.
+    /// The query string of a bulk replay or discard of this filter, when it lists open records.
     pub(crate) bulk: Option<String>,
+    /// The search form's values.
+    pub(crate) kind: String,
+    pub(crate) error: String,
+    pub(crate) state: String,
+    pub(crate) older_than: String,
 }
 
 pub(crate) struct ErrorLine {
@@ -261,6 +266,22 @@ pub(crate) struct BulkConfirm {
     pub(crate) kind: String,
     pub(crate) severity: String,
     pub(crate) older_than: String,
+    pub(crate) error: String,
+    pub(crate) before: String,
+    pub(crate) csrf: String,
+}
+
+#[derive(Template)]
+#[template(path = "bulk_discard.html")]
+pub(crate) struct BulkDiscardConfirm {
+    pub(crate) frame: Frame,
+    pub(crate) filter: String,
+    pub(crate) count: usize,
+    pub(crate) confirmed: String,
+    pub(crate) kind: String,
+    pub(crate) severity: String,
+    pub(crate) older_than: String,
+    pub(crate) error: String,
     pub(crate) before: String,
     pub(crate) csrf: String,
 }
@@ -271,8 +292,11 @@ pub(crate) struct Progress {
     pub(crate) frame: Frame,
     pub(crate) filter: String,
     pub(crate) by: String,
+    /// `replay` or `discard`.
+    pub(crate) what: &'static str,
     pub(crate) total: u64,
-    pub(crate) replayed: u64,
+    /// Replayed or discarded.
+    pub(crate) done: u64,
     pub(crate) closed: u64,
     pub(crate) failure: Option<String>,
     pub(crate) running: bool,

@@ -231,3 +231,76 @@ async fn a_bulk_replay_sends_only_the_records_confirmed() {
     assert!(said.contains("changed since you confirmed"), "{said}");
     assert_eq!(db.count_open().await.unwrap(), 1, "nothing was replayed");
 }
+
+/// Records searched by their error text, then discarded together: a post without its CSRF token
+/// or a reason changes nothing, only the records confirmed are discarded (each with who and why),
+/// and a set that changed before the post is confirmed again.
+#[tokio::test]
+async fn a_bulk_discard_closes_only_the_records_confirmed_by_their_error() {
+    let db = database().await;
+    fail(&db, (1..=2).map(|n| job("mail", n, Severity::Error)).collect(), "SMTP 550: mailbox_full").await;
+    fail(&db, vec![job("mail", 3, Severity::Error)], "SMTP 421: try later").await;
+    let url = serve(Dashboard::new(db.clone())).await;
+    let http = client();
+    let listed = http.get(format!("{url}/records?error=MAILBOX_FULL")).send().await.unwrap().text().await.unwrap();
+    assert!(listed.contains("mailbox_full") && !listed.contains("try later"), "{listed}");
+    let none = http.get(format!("{url}/records?error=mailboxXfull")).send().await.unwrap().text().await.unwrap();
+    assert!(none.contains("No records match"), "an _ in the text is itself: {none}");
+    assert!(listed.contains(r#"href="/discard?error=MAILBOX_FULL""#), "{listed}");
+
+    let confirm = http.get(format!("{url}/discard?error=MAILBOX_FULL")).send().await.unwrap().text().await.unwrap();
+    assert!(confirm.contains("2 open records, last error holding"), "{confirm}");
+    let form = hidden_fields(&confirm);
+    let with = |extra: &[(&str, &str)]| {
+        let mut form = form.clone();
+        form.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        form
+    };
+    let forged: Vec<_> = with(&[("by", "ada"), ("reason", "gone")]).into_iter().filter(|(k, _)| k != "csrf").collect();
+    let refused = http.post(format!("{url}/discard")).form(&forged).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let refused = http.post(format!("{url}/discard")).form(&with(&[("by", "ada"), ("reason", " ")])).send().await;
+    assert_eq!(refused.unwrap().status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(db.count_open().await.unwrap(), 3, "nothing refused was discarded");
+
+    // A matching record arrives between the confirmation and the post: left open, as it failed
+    // after the instant confirmed.
+    fail(&db, vec![job("mail", 4, Severity::Error)], "SMTP 550: mailbox_full").await;
+    let started = http.post(format!("{url}/discard")).form(&with(&[("by", "ada"), ("reason", "gone")])).send().await;
+    let started = started.unwrap();
+    assert_eq!(started.status(), StatusCode::SEE_OTHER);
+    let progress = started.headers()["location"].to_str().unwrap().to_owned();
+    assert!(progress.starts_with("/discards/"), "{progress}");
+    for _ in 0..100 {
+        if db.count_open().await.unwrap() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let open = db.list(&FailureQuery::open()).await.unwrap();
+    let keys: Vec<_> = open.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["mail:n=3", "mail:n=4"], "the other error and the newcomer stay open");
+    let closed = db.list(&FailureQuery { open: Some(false), ..FailureQuery::default() }).await.unwrap();
+    assert_eq!(closed.len(), 2);
+    for record in closed {
+        assert!(
+            matches!(&record.state, RecordState::Discarded { reason, actor, .. } if reason == "gone" && actor == "ada"),
+            "{:?}",
+            record.state
+        );
+    }
+
+    // A confirmed set that changed before the post (one discarded by someone else): refused.
+    fail(&db, vec![job("mail", 5, Severity::Error)], "SMTP 550: mailbox_full").await;
+    let confirm = http.get(format!("{url}/discard?error=mailbox_full")).send().await.unwrap().text().await.unwrap();
+    assert!(confirm.contains("2 open records"), "{confirm}");
+    let mut form = hidden_fields(&confirm);
+    form.extend([("by".into(), "ada".into()), ("reason".into(), "the addresses are gone".into())]);
+    db.discard(&open[1].id, "sent by hand", "grace").await.unwrap();
+    let refused = http.post(format!("{url}/discard")).form(&form).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+    assert!(refused.text().await.unwrap().contains("changed since you confirmed"));
+    assert_eq!(db.count_open().await.unwrap(), 2, "nothing was discarded");
+    let page = http.get(format!("{url}{progress}")).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("Discarded") && page.contains("Done."), "{page}");
+}

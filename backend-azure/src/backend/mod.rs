@@ -288,6 +288,9 @@ impl Backend for AzureBackend {
             amend_replay: false,
             // A queue's messages cannot be listed, nor one taken out by id.
             live_jobs: false,
+            // A queue delivers in its own order, whatever a message says: a job of another
+            // priority than 0 is refused, and the pattern is a queue per priority (RUNBOOK.md).
+            priorities: false,
         }
     }
 }

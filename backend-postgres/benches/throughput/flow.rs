@@ -5,13 +5,17 @@
 //! jobs share two or three keys); interleaved, three times each, then the first two with
 //! autovacuum on. The order section likewise: no order key, order keys over 1,000 accounts in
 //! turn (a claim's check finds nothing earlier), and in runs of 100 (binding: one account's jobs
-//! one at a time, the claims skipping the rest of its run).
+//! one at a time, the claims skipping the rest of its run). The priority section: no priority, and
+//! five priorities in turn (each claim takes the highest left).
 
 use redrive_core::{Limits, Rate, WorkerConfig};
 
 use std::sync::atomic::Ordering;
 
-use crate::{BURN_TIMEOUT, BoxResult, Burn, CONCURRENCY, Ctx, Figure, ORDER_RUN, burn_down_limited, production, rate};
+use crate::{
+    BURN_TIMEOUT, BoxResult, Burn, CONCURRENCY, Ctx, Figure, ORDER_RUN, PRIORITY_MIX, burn_down_limited, production,
+    rate,
+};
 
 /// Each cell: its limits, and how many consecutive jobs share a tenant (0: none).
 fn cells() -> [(&'static str, Limits, u64); 4] {
@@ -146,6 +150,39 @@ pub(crate) async fn order_section(ctx: &Ctx, lifecycle: f64) -> BoxResult<Vec<(S
     for ((label, _), median) in ORDER_CELLS.iter().zip(&autovacuum) {
         println!("- autovacuum on, {label}, median: {} ({:.3}× no order key)", rate(*median), median / autovacuum[0]);
         rows.push((format!("order, autovacuum on: {label}"), Figure::Rate(*median)));
+    }
+    Ok(rows)
+}
+
+/// Each priority cell: how many priorities the jobs take in turn (0: all 0).
+const PRIORITY_CELLS: [(&str, u64); 2] = [("no priority", 0), ("priorities mixed, five in turn", 5)];
+
+/// The cost of priorities: the same 100k burn-down, all at priority 0 and spread over five
+/// priorities, interleaved three times, analyzed and checkpointed as every backlog.
+pub(crate) async fn priority_section(ctx: &Ctx, lifecycle: f64) -> BoxResult<Vec<(String, Figure)>> {
+    println!();
+    println!("## Priorities: {FLOW_JOBS} jobs, concurrency {CONCURRENCY}, three interleaved rounds");
+    let medians = interleaved(
+        &PRIORITY_CELLS,
+        3,
+        |c| c.0,
+        async |&(_, mix)| {
+            PRIORITY_MIX.store(mix, Ordering::Relaxed);
+            let burn = burn_down_limited(ctx, config(), FLOW_JOBS, BURN_TIMEOUT, Limits::default(), 0).await;
+            PRIORITY_MIX.store(0, Ordering::Relaxed);
+            burn
+        },
+    )
+    .await?;
+    let mut rows = vec![];
+    for ((label, _), median) in PRIORITY_CELLS.iter().zip(&medians) {
+        println!(
+            "- {label}, median: {} ({:.2}× lifecycle.sql at the start, {:.3}× no priority)",
+            rate(*median),
+            median / lifecycle,
+            median / medians[0]
+        );
+        rows.push((format!("priority: {label}"), Figure::Rate(*median)));
     }
     Ok(rows)
 }

@@ -23,7 +23,8 @@
 //! included, starts after a CHECKPOINT, so that none pays for the dirty pages of the one before.
 //!
 //! `REDRIVE_BENCH_ONLY=processes,long` runs only those sections (`burn`, `backlog`,
-//! `autovacuum`, `flow`, `order`, `processes`, `kill`, `latency`, `enqueue`, `long`) between the two baselines;
+//! `autovacuum`, `flow`, `order`, `priority`, `processes`, `kill`, `latency`, `enqueue`, `long`) between the two
+//! baselines;
 //! `REDRIVE_BENCH_LONG_JOBS` and `REDRIVE_BENCH_SCALE_JOBS` change those sections' sizes. For
 //! tuning, `REDRIVE_BENCH_QUICK=1` runs lifecycle.sql and the default burn-down only;
 //! `REDRIVE_BENCH_JOBS`, `REDRIVE_BENCH_BATCH` and `REDRIVE_BENCH_CLAIMERS` then change it.
@@ -96,6 +97,10 @@ static TENANT_RUN: AtomicU64 = AtomicU64::new(0);
 /// section around its backlogs.
 static ORDER_RUN: AtomicU64 = AtomicU64::new(0);
 
+/// How many priorities `noop` spreads its jobs over, in turn (5: -20, -10, 0, 10, 20); 0, none.
+/// Set by the priority section around its backlogs.
+static PRIORITY_MIX: AtomicU64 = AtomicU64::new(0);
+
 impl Job for Noop {
     const KIND: &'static str = "bench_noop";
     fn key(&self, key: KeyBuilder) -> KeyBuilder {
@@ -120,7 +125,13 @@ fn noop(n: u64) -> BoxResult<NewJob> {
     let tenant = (run > 0).then(|| (n / run) % 1000);
     let order = ORDER_RUN.load(Ordering::Relaxed);
     let account = (order > 0).then(|| (n / order) % 1000);
-    Ok(NewJob::from_job(&Noop { n, tenant, account })?)
+    let job = NewJob::from_job(&Noop { n, tenant, account })?;
+    let mix = PRIORITY_MIX.load(Ordering::Relaxed);
+    if mix == 0 {
+        return Ok(job);
+    }
+    let priority = ((n % mix) as i16 - (mix / 2) as i16) * 10;
+    Ok(job.with_priority(priority)?)
 }
 
 #[tokio::main]
@@ -233,6 +244,9 @@ async fn main() -> BoxResult<()> {
     }
     if wants("order") {
         rows.extend(flow::order_section(&ctx, lifecycle_start).await?);
+    }
+    if wants("priority") {
+        rows.extend(flow::priority_section(&ctx, lifecycle_start).await?);
     }
     if wants("processes") {
         println!();

@@ -90,6 +90,7 @@ impl RecordStore for PgBackend {
                 .bind(query.job_id.as_ref().map(|j| j.0.clone()))
                 .bind(after)
                 .bind(query.page_size() as i64)
+                .bind(query.error_pattern())
                 .fetch_all(&self.inner.pool)
                 .await
                 .map_err(|e| db(e, "list failure records"))?;

@@ -1,9 +1,11 @@
 //! Claims and their settlements on PostgreSQL: `FOR UPDATE SKIP LOCKED` under a lease token
 //! that fences every later write, `LISTEN/NOTIFY` wake-ups, and the sweep of lapsed leases.
 
+use std::cmp::Reverse;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use redrive_core::kit::{Begin, Claim, Claimed, Hold, Kinds, Lease, Renew};
 use redrive_core::{Error, ErrorKind, FailureRecord, JobId, JobRecord, ProviderKey, Result, Severity};
 use serde_json::Value;
@@ -55,13 +57,18 @@ impl PgBackend {
     async fn claim_once(&self, kinds: &Option<Vec<String>>, max: usize, lease: Duration) -> Result<Vec<Claimed>> {
         let (floor, generation) = self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).read();
         let mut rows = self.claim_after(kinds, max, lease, floor).await?;
-        let mut scanned_front = floor.is_none();
-        if rows.is_empty() && !scanned_front {
-            // Nothing above the floor: look behind it before saying the queue is empty.
-            rows = self.claim_after(kinds, max, lease, None).await?;
-            scanned_front = true;
+        let scanned_front = floor.is_none() || rows.len() < max;
+        if rows.len() < max && floor.is_some() {
+            // The floor's priority ran dry above it: the rest from the front, every priority (the
+            // scan the next claim would make anyway), before saying the queue is empty.
+            rows.extend(self.claim_after(kinds, max - rows.len(), lease, None).await?);
+            // Claim order again: the front may hold a higher priority than the floor's.
+            let position = |r: &PgRow| (Reverse(r.get::<i16, _>("priority")), r.get::<DateTime<Utc>, _>("ready_at"));
+            rows.sort_by_key(|r| (position(r), r.get::<i64, _>("id")));
         }
-        let end = (rows.len() == max).then(|| rows.iter().map(|r| (r.get("ready_at"), r.get("id"))).max()).flatten();
+        // The batch's last job in claim order.
+        let end =
+            rows.last().filter(|_| rows.len() == max).map(|r| (r.get("priority"), r.get("ready_at"), r.get("id")));
         self.inner.floor.lock().unwrap_or_else(|p| p.into_inner()).settle(generation, scanned_front, end);
         rows.iter().map(claimed_from).collect()
     }
@@ -91,9 +98,10 @@ impl PgBackend {
         let _statement = self.inner.in_flight.acquire().await.map_err(|_| Error::temporary("the backend is closed"))?;
         q(&sql)
             .bind(lease.as_secs_f64())
-            .bind(floor.map(|(at, _)| at))
-            .bind(floor.map(|(_, id)| id))
+            .bind(floor.map(|(_, at, _)| at))
+            .bind(floor.map(|(_, _, id)| id))
             .bind(kinds)
+            .bind(floor.map(|(priority, _, _)| priority))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| db(e, "claim"))
@@ -177,6 +185,7 @@ fn claimed_from(row: &PgRow) -> Result<Claimed> {
             attempt: row.get::<i32, _>("attempts") as u32,
             cap: row.get::<i32, _>("cap") as u32,
             severity: Severity::from_name(row.get("severity")).unwrap_or_default(),
+            priority: row.get("priority"),
             enqueued_at: row.get("created_at"),
             deadline: row.get("deadline"),
             // Held back until then by `run_at`.

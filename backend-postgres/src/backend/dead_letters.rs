@@ -90,6 +90,7 @@ impl DeadLetter for PgBackend {
             .bind(query.page_size() as i64)
             .bind(query.key.as_ref().map(|k| k.as_str().to_owned()))
             .bind(job_id)
+            .bind(query.error_pattern())
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| db(e, "list failure records"))?;
@@ -177,7 +178,10 @@ impl Replay for PgBackend {
         require_audit("an amended replay's reason", reason)?;
         require_audit("an amended replay's actor", actor)?;
         let record = self.get(id).await?;
-        super::check_payload(&NewJob::new(record.kind, record.key, payload.clone())?, self.inner.config.max_payload)?;
+        super::check_payload(
+            &NewJob::new(record.kind, record.key, payload.clone())?,
+            &redrive_core::kit::Backend::capabilities(self),
+        )?;
         self.replay_with(id, Some(payload), reason, actor).await
     }
 }

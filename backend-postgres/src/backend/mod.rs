@@ -111,7 +111,7 @@ impl PgBackend {
     /// other's transactions to end: see `order_lock.sql`), in a transaction of its own, or a
     /// savepoint of yours (begun with sqlx's `begin`).
     pub async fn enqueue_in(&self, conn: &mut PgConnection, job: NewJob) -> Result<Enqueued> {
-        check_payload(&job, self.inner.config.max_payload)?;
+        check_payload(&job, &self.capabilities())?;
         let Some(order) = &job.order_key else {
             return self.insert(conn, &job).await;
         };
@@ -144,6 +144,7 @@ impl PgBackend {
                 .bind(job.deadline)
                 .bind(job.not_before)
                 .bind(job.order_key.as_deref())
+                .bind(job.priority)
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(|e| db(e, "enqueue"))?;
@@ -256,10 +257,11 @@ impl PgBackend {
         }
     }
 }
-/// Refuses, before anything is written, a payload over `limit` bytes or one that `jsonb` cannot
-/// hold: a NUL character (`\u0000`) anywhere in a string or a member's name. Refused with
-/// [`ErrorKind::InvalidPayload`] rather than changed, so that the handler gets what was sent.
-fn check_payload(job: &NewJob, limit: usize) -> Result<()> {
+/// Refuses, before anything is written, what does not fit `capabilities` (a payload over the limit,
+/// a priority out of range) or a payload that `jsonb` cannot hold: a NUL character (`\u0000`)
+/// anywhere in a string or a member's name. Refused with [`ErrorKind::InvalidPayload`] rather than
+/// changed, so that the handler gets what was sent.
+fn check_payload(job: &NewJob, capabilities: &Capabilities) -> Result<()> {
     fn holds_nul(value: &Value) -> bool {
         match value {
             Value::String(s) => s.contains('\0'),
@@ -268,7 +270,7 @@ fn check_payload(job: &NewJob, limit: usize) -> Result<()> {
             _ => false,
         }
     }
-    job.check_size(limit)?;
+    job.check_fits(capabilities)?;
     if holds_nul(&job.payload) {
         return Err(Error::new(
             ErrorKind::InvalidPayload,
@@ -301,8 +303,9 @@ impl Enqueue for PgBackend {
             return Ok(Vec::new());
         }
         let mut fingerprints: HashMap<&IdempotencyKey, String> = HashMap::new();
+        let caps = self.capabilities();
         for job in &jobs {
-            check_payload(job, self.inner.config.max_payload)?;
+            check_payload(job, &caps)?;
             let fingerprint = job.fingerprint();
             if fingerprints.insert(&job.key, fingerprint.clone()).is_some_and(|f| f != fingerprint) {
                 return Err(Error::new(
@@ -332,6 +335,7 @@ impl Enqueue for PgBackend {
             .bind(jobs.iter().map(|j| j.deadline).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.not_before).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.order_key.clone()).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db(e, "batch enqueue"))?;
@@ -402,6 +406,7 @@ impl Backend for PgBackend {
             order_per_key: true,
             amend_replay: true,
             live_jobs: true,
+            priorities: true,
         }
     }
 }

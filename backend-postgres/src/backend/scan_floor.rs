@@ -1,5 +1,6 @@
 //! Where a process's claims start scanning the ready index.
 
+use std::cmp::Reverse;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -7,8 +8,8 @@ use chrono::{DateTime, Utc};
 /// How long a scan floor is trusted before a claim scans the ready index from the front again.
 const FLOOR_TTL: Duration = Duration::from_secs(1);
 
-/// Where this process's claims start scanning the ready index: the (run_at, id) at which its last
-/// full batch ended. A job can still become ready behind it (a claim rolled back, an enqueue that
+/// Where this process's claims start scanning the ready index: the (priority, run_at, id) at
+/// which its last full batch ended; a claim from it reads that priority alone (see `claim.sql`). A job can still become ready behind it (a claim rolled back, an enqueue that
 /// commits late in a long transaction), so the floor lasts [`FLOOR_TTL`] and is dropped whenever a
 /// claim comes back short. Each floor set from a scan of the front starts a new generation, and
 /// only claims that started from the current generation may raise it: a claim in flight from an
@@ -19,8 +20,8 @@ pub(super) struct ScanFloor {
     generation: u64,
 }
 
-/// A place in the ready index: `(run_at, id)`.
-pub(super) type Position = (DateTime<Utc>, i64);
+/// A place in the ready index: `(priority, run_at, id)`.
+pub(super) type Position = (i16, DateTime<Utc>, i64);
 
 impl ScanFloor {
     /// The floor to start a claim from (`None`: the front), and its generation.
@@ -42,7 +43,8 @@ impl ScanFloor {
             }
             Some(end) => {
                 if let Some((at, _)) = self.at.as_mut().filter(|_| generation == self.generation) {
-                    *at = (*at).max(end);
+                    // Further along the index: a lower priority, or later within one.
+                    *at = std::cmp::max_by_key(*at, end, |(priority, at, id)| (Reverse(*priority), *at, *id));
                 }
             }
         }

@@ -289,6 +289,9 @@ impl Backend for QStashBackend {
             amend_replay: false,
             // Its messages cannot be listed, nor one taken out by id.
             live_jobs: false,
+            // A queue delivers in its own order, whatever a message says: a job of another
+            // priority than 0 is refused, and the pattern is a queue per priority (RUNBOOK.md).
+            priorities: false,
         }
     }
 }

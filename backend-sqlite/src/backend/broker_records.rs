@@ -124,6 +124,7 @@ impl RecordStore for SqliteBackend {
                 .bind(after)
                 .bind(i64::try_from(query.page_size()).unwrap_or(i64::MAX))
                 .bind(now_ms())
+                .bind(query.error_pattern())
                 .fetch_all(&self.inner.reader)
                 .await
                 .map_err(|e| db(e, "list failure records"))?;

@@ -40,7 +40,9 @@ impl SqliteBackend {
             .map_err(|e| db(e, "claim"))?;
         tx.commit().await.map_err(|e| db(e, "commit claim"))?;
         let mut claimed: Vec<Claimed> = rows.iter().map(|row| claimed_from(row, &token)).collect();
-        claimed.sort_by_key(|c| c.job.id.0.parse::<i64>().unwrap_or_default());
+        // Claim order: the highest priority first, then by id (an undecodable row's priority
+        // reads as 0).
+        claimed.sort_by_key(|c| (std::cmp::Reverse(c.job.priority), c.job.id.0.parse::<i64>().unwrap_or_default()));
         Ok(claimed)
     }
 
@@ -89,6 +91,7 @@ fn read_claimed(row: &SqliteRow, id: &JobId, lease: &Lease) -> Result<Claimed> {
             attempt: column::<i64>(row, "attempts", "attempt count")?.max(0) as u32,
             cap: column::<i64>(row, "cap", "cap")?.max(0) as u32,
             severity: Severity::from_name(&column::<String>(row, "severity", "severity")?).unwrap_or_default(),
+            priority: column(row, "priority", "priority")?,
             enqueued_at: time(column(row, "created_at", "enqueue time")?),
             deadline: column::<Option<i64>>(row, "deadline", "deadline")?.map(time),
             // Held back until then by `ready_at`.
@@ -126,6 +129,7 @@ fn unreadable_job(row: &SqliteRow, id: JobId, why: String) -> JobRecord {
         attempt: column::<i64>(row, "attempts", "attempt count").map_or(1, |n| n.max(1) as u32),
         cap: column::<i64>(row, "cap", "cap").map_or(1, |n| n.max(1) as u32),
         severity: Severity::default(),
+        priority: column(row, "priority", "priority").unwrap_or_default(),
         enqueued_at: Utc::now(),
         deadline: None,
         not_before: None,

@@ -84,6 +84,7 @@ impl DeadLetter for SqliteBackend {
             .bind(query.open)
             .bind(query.failed_before.map(|t| t.timestamp_millis()))
             .bind(i64::try_from(query.page_size()).unwrap_or(i64::MAX))
+            .bind(query.error_pattern())
             .fetch_all(&self.inner.reader)
             .await
             .map_err(|e| db(e, "list failure records"))?;

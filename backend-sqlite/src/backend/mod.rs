@@ -145,7 +145,7 @@ impl SqliteBackend {
     /// Enqueues inside the caller's transaction (on [`pool`](Self::pool)): the job exists if and
     /// only if it commits. Call [`wake`](Self::wake) after the commit.
     pub async fn enqueue_in(&self, conn: &mut SqliteConnection, job: NewJob) -> Result<Enqueued> {
-        job.check_size(self.inner.config.max_payload)?;
+        job.check_fits(&self.capabilities())?;
         enqueue_on(conn, &job, &job.fingerprint()).await
     }
 
@@ -249,6 +249,7 @@ async fn enqueue_on(conn: &mut SqliteConnection, job: &NewJob, fingerprint: &str
         .bind(job.deadline.map(|at| at.timestamp_millis()))
         .bind(job.not_before.map(|at| at.timestamp_millis()))
         .bind(job.order_key.as_deref())
+        .bind(job.priority)
         .fetch_optional(&mut *conn)
         .await
         .map_err(|e| db(e, "enqueue"))?;
@@ -283,13 +284,14 @@ impl Backend for SqliteBackend {
             order_per_key: true,
             amend_replay: true,
             live_jobs: true,
+            priorities: true,
         }
     }
 }
 
 impl Enqueue for SqliteBackend {
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        job.check_size(self.inner.config.max_payload)?;
+        job.check_fits(&self.capabilities())?;
         let mut tx = self.write().await?;
         let result = enqueue_on(&mut tx, &job, &job.fingerprint()).await?;
         tx.commit().await.map_err(|e| db(e, "commit enqueue"))?;
@@ -302,7 +304,7 @@ impl Enqueue for SqliteBackend {
     async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         let mut fingerprints = std::collections::HashMap::new();
         for job in &jobs {
-            job.check_size(self.inner.config.max_payload)?;
+            job.check_fits(&self.capabilities())?;
             let fingerprint = job.fingerprint();
             if fingerprints.insert(&job.key, fingerprint.clone()).is_some_and(|f| f != fingerprint) {
                 return Err(Error::new(

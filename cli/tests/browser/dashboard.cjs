@@ -1,6 +1,6 @@
 // The dashboard in a real browser (Debian's chromium, driven by playwright-core), as an operator
 // uses it: sign in, read the overview, open a record, discard one with a reason, replay another,
-// read the audit trail, sign out. A form posted from another origin must be refused. Prints what it did as
+// read the audit trail, find records by their error text and discard them together, sign out. A form posted from another origin must be refused. Prints what it did as
 // JSON on the last line; the Rust test checks the backend.
 //
 // Environment: DASHBOARD (base URL), TOKEN, REDRIVE_CHROMIUM, REDRIVE_PLAYWRIGHT (node_modules
@@ -102,6 +102,29 @@ async function shot(page, name) {
     const audit = await page.textContent('#closed');
     check(audit.includes('discarded by ada: refunded by hand') && audit.includes('replayed by grace: carrier back'), audit);
     await shot(page, '09-audit');
+
+    // Records found by their error text (its % as itself), then discarded together after the
+    // bulk confirmation.
+    await page.goto(`${base}/records`);
+    await page.fill('#search input[name=error]', 'MAILBOX FULL (QUOTA 100%)');
+    await page.click('#search button[type=submit]');
+    await page.waitForSelector('#records');
+    const found = await page.locator('#records a').allTextContents();
+    check(found.length === 2, `the error search found ${found.length} records: ${found}`);
+    check((await page.textContent('#records')).includes('mailbox full'), 'the found records show their error');
+    done.bulk_discarded = found.map((id) => id.trim());
+    await shot(page, '11-error-search');
+    await page.click('#bulk-discard');
+    check((await page.textContent('#matching')).startsWith('2 '), await page.textContent('#matching'));
+    await page.fill('input[name=reason]', 'the addresses are gone');
+    await page.fill('input[name=by]', 'ada');
+    await shot(page, '12-bulk-discard-confirm');
+    await page.click('#confirm');
+    await page.waitForSelector('#status.notice', { timeout: 10000 });
+    check((await page.textContent('#discarded')).trim() === '2', await page.textContent('#progress'));
+    await shot(page, '13-bulk-discarded');
+    await page.goto(`${base}/records?error=${encodeURIComponent('mailbox full')}`);
+    await page.waitForSelector('#no-records');
 
     // Sign out: the header's link, then the button; every page asks to sign in again.
     await page.click('header a:text-is("Sign out")');

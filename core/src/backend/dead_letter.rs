@@ -213,6 +213,11 @@ pub struct FailureQuery {
     pub open: Option<bool>,
     /// Only records that failed before this time.
     pub failed_before: Option<DateTime<Utc>>,
+    /// Only records whose last error holds this text, letters compared without case (on SQLite,
+    /// ASCII letters only); `%`, `_` and `\` are matched as themselves. The last error is what a
+    /// record shows first, and the error a retry sequence ended on; earlier attempts' errors are
+    /// not searched. An empty text matches every record.
+    pub error_contains: Option<String>,
     /// Records after this id (the last id of the previous page).
     pub after: Option<FailureId>,
     /// At most this many; `0` means 100.
@@ -247,6 +252,26 @@ impl FailureQuery {
             && self.job_id.as_ref().is_none_or(|id| *id == record.job_id)
             && self.open.is_none_or(|open| open == record.state.is_open())
             && self.failed_before.is_none_or(|t| record.last_failed_at < t)
+            && self
+                .error_contains
+                .as_ref()
+                .is_none_or(|text| record.last_error.to_lowercase().contains(&text.to_lowercase()))
+    }
+
+    /// [`error_contains`](Self::error_contains) as a `LIKE` pattern with `\` as its escape
+    /// character: the text between two `%`, its `%`, `_` and `\` escaped. `None` without it.
+    pub fn error_pattern(&self) -> Option<String> {
+        let text = self.error_contains.as_ref()?;
+        let mut pattern = String::with_capacity(text.len() + 2);
+        pattern.push('%');
+        for c in text.chars() {
+            if matches!(c, '%' | '_' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push('%');
+        Some(pattern)
     }
 }
 
@@ -384,6 +409,35 @@ pub trait ReplayExt: Replay + DeadLetter {
             }
         }
     }
+
+    /// Discards every open record matching `query` (all pages), each closed with `reason` and
+    /// `actor` as [`DeadLetter::discard`] closes one. A blank reason or actor is refused before
+    /// any is closed ([`InvalidInput`](crate::ErrorKind::InvalidInput)). Returns the records
+    /// discarded, in the order they were.
+    fn discard_matching(
+        &self,
+        query: &FailureQuery,
+        reason: &str,
+        actor: &str,
+    ) -> impl Future<Output = Result<Vec<FailureId>>> + Send {
+        let mut query = FailureQuery { open: Some(true), after: None, ..query.clone() };
+        async move {
+            require_audit("a discard's reason", reason)?;
+            require_audit("a discard's actor", actor)?;
+            let mut discarded = Vec::new();
+            loop {
+                let page = self.list(&query).await?;
+                for record in &page {
+                    self.discard(&record.id, reason, actor).await?;
+                    discarded.push(record.id.clone());
+                }
+                match page.last() {
+                    Some(last) if page.len() == query.page_size() => query.after = Some(last.id.clone()),
+                    _ => return Ok(discarded),
+                }
+            }
+        }
+    }
 }
 
 impl<T: Replay + DeadLetter + ?Sized> ReplayExt for T {}
@@ -417,6 +471,24 @@ mod tests {
         // As broker stores kept it (JSON), and as a take reads until its replay closes it.
         let old: RecordState = serde_json::from_str(r#"{"state":"replayed","at":"2026-01-02T03:04:05Z"}"#).unwrap();
         assert!(matches!(old, RecordState::Replaying { reason, actor, .. } if reason.is_empty() && actor.is_empty()));
+    }
+
+    #[test]
+    fn the_error_text_is_a_pattern_of_itself_and_matches_without_case() {
+        let query = |text: &str| FailureQuery { error_contains: Some(text.to_owned()), ..FailureQuery::default() };
+        assert_eq!(query(r"100%_a\b").error_pattern().unwrap(), r"%100\%\_a\\b%");
+        assert_eq!(FailureQuery::default().error_pattern(), None);
+        let key = crate::IdempotencyKey::builder("k").fact("a", 1).build().unwrap();
+        let job = crate::NewJob::new("k", key, serde_json::json!({})).unwrap();
+        let job = crate::kit::Envelope::new(&job).into_job(JobId("1".into()), 1, None);
+        let record =
+            FailureRecord::open(FailureId("1".into()), job, "SMTP 550: Mailbox FULL (100%)".into(), vec![], Utc::now());
+        for hit in ["mailbox full", "SMTP", "(100%)", ""] {
+            assert!(query(hit).matches(&record), "{hit:?}");
+        }
+        for miss in ["100%%", "mailbox_full", "quota"] {
+            assert!(!query(miss).matches(&record), "{miss:?}");
+        }
     }
 
     #[test]

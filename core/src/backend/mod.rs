@@ -118,11 +118,16 @@ pub struct Capabilities {
     /// SQLite). Otherwise (a broker holds its messages unlisted) every [`Jobs`] call is refused
     /// as [`Unsupported`](crate::ErrorKind::Unsupported). Held to by the suite's `cancel`.
     pub live_jobs: bool,
+    /// Claims take the ready jobs of the highest [`priority`](crate::Job::priority) first, oldest
+    /// first within one. Otherwise enqueue refuses a job of any priority but 0
+    /// ([`NewJob::check_fits`](crate::NewJob::check_fits)). Held to by the suite's
+    /// `priorities`.
+    pub priorities: bool,
 }
 
 impl Default for Capabilities {
     /// What a queue can be held to at the least, with everything else the in-memory backend does:
-    /// no order per key and no live jobs (a backend that has them says so), at 256 KiB.
+    /// no order per key, no priorities and no live jobs (a backend that has them says so), at 256 KiB.
     fn default() -> Self {
         Self {
             dedupe: Dedupe::Kept,
@@ -137,6 +142,7 @@ impl Default for Capabilities {
             order_per_key: false,
             amend_replay: false,
             live_jobs: false,
+            priorities: false,
         }
     }
 }

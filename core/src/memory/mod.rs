@@ -48,6 +48,9 @@ struct State {
     ledger: HashMap<IdempotencyKey, LedgerEntry>,
     /// When the ledger was last swept of done keys past their retention.
     ledger_swept: Option<Instant>,
+    /// A job of a priority other than 0 was ever enqueued: claims then read every job, not only
+    /// up to the batch's last.
+    prioritised: bool,
     flow: flow::FlowState,
 }
 
@@ -82,6 +85,7 @@ impl StoredJob {
             attempt: self.attempts,
             cap: job.cap,
             severity: job.severity,
+            priority: job.priority,
             enqueued_at: self.enqueued_at,
             deadline: job.deadline,
             // Held back until then by its ready time.
@@ -194,6 +198,7 @@ impl State {
         }
         self.next_id += 1;
         let id = self.next_id;
+        self.prioritised |= job.priority != 0;
         self.by_key.insert(job.key.clone(), id);
         let wait = job.not_before.and_then(|at| (at - Utc::now()).to_std().ok()).unwrap_or_default();
         let status = Status::Queued { ready_at: Instant::now() + wait };
@@ -213,14 +218,15 @@ impl State {
         Ok(Enqueued::Created(JobId(id.to_string())))
     }
 
-    /// Claims ready jobs, or says when the next one becomes ready.
+    /// Claims ready jobs, highest priority first and oldest first within one, or says when the
+    /// next one becomes ready.
     fn claim(&mut self, kinds: &Kinds, max: usize, lease: Duration, now: Instant) -> (Vec<Claimed>, Option<Instant>) {
-        let mut claimed = Vec::new();
+        let mut ready = Vec::new();
         let mut next_ready: Option<Instant> = None;
         // Order keys with an unfinished job seen so far: a later job of one waits (whatever its
         // kind), however ready it is. A failed job keeps its order key while its record is open.
         let mut ahead: HashSet<String> = HashSet::new();
-        for (id, stored) in self.jobs.iter_mut() {
+        for (id, stored) in self.jobs.iter() {
             let waits = match &stored.job.order_key {
                 Some(order) if stored.status != Status::Done => !ahead.insert(order.clone()),
                 _ => false,
@@ -238,9 +244,17 @@ impl State {
                 next_ready = Some(next_ready.map_or(ready_at, |n| n.min(ready_at)));
                 continue;
             }
-            if claimed.len() == max {
+            ready.push((std::cmp::Reverse(stored.job.priority), *id));
+            if ready.len() == max && !self.prioritised {
+                // All at 0: the first `max` in id order are the batch.
                 break;
             }
+        }
+        // Stable: within a priority, in id order, as without priorities.
+        ready.sort_by_key(|(priority, _)| *priority);
+        let mut claimed = Vec::new();
+        for (_, id) in ready.into_iter().take(max) {
+            let stored = self.jobs.get_mut(&id).expect("listed above");
             if matches!(stored.status, Status::Running { .. }) && !stored.started {
                 // The lapsed claim never started its handler: its worker died with the job
                 // claimed ahead. It costs the job nothing.
@@ -253,7 +267,7 @@ impl State {
             let token = token();
             stored.status = Status::Running { token: token.clone(), expires: now + lease };
             claimed.push(Claimed {
-                job: stored.record(*id),
+                job: stored.record(id),
                 lease: Lease { job_id: JobId(id.to_string()), token },
                 begun: None,
             });
@@ -269,6 +283,7 @@ impl Backend for MemoryBackend {
             order_per_key: true,
             amend_replay: true,
             live_jobs: true,
+            priorities: true,
             ..Capabilities::default()
         }
     }
@@ -276,7 +291,7 @@ impl Backend for MemoryBackend {
 
 impl Enqueue for MemoryBackend {
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        job.check_size(self.max_payload)?;
+        job.check_fits(&self.capabilities())?;
         let result = self.lock().enqueue(job)?;
         self.work.notify_waiters();
         Ok(result)
@@ -284,7 +299,7 @@ impl Enqueue for MemoryBackend {
 
     async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         for job in &jobs {
-            job.check_size(self.max_payload)?;
+            job.check_fits(&self.capabilities())?;
         }
         let results = {
             let mut state = self.lock();

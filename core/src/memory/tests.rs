@@ -120,3 +120,16 @@ async fn oversized_batches_send_nothing() {
     assert_eq!(err.kind(), ErrorKind::PayloadTooLarge);
     assert!(b.claim(&Kinds::Any, 10, LEASE, Duration::ZERO).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn claims_take_the_highest_priority_first_and_the_oldest_within_one() {
+    let b = MemoryBackend::new();
+    for (n, priority) in [(1, -5), (2, 10), (3, 0), (4, -5), (5, 10), (6, 0)] {
+        b.enqueue(job(n).with_priority(priority).unwrap()).await.unwrap();
+    }
+    let first = b.claim(&Kinds::Any, 3, LEASE, Duration::ZERO).await.unwrap();
+    let rest = b.claim(&Kinds::Any, 10, LEASE, Duration::ZERO).await.unwrap();
+    let order: Vec<(i64, i16)> =
+        first.iter().chain(&rest).map(|c| (c.job.payload["n"].as_i64().unwrap(), c.job.priority)).collect();
+    assert_eq!(order, [(2, 10), (5, 10), (3, 0), (6, 0), (1, -5), (4, -5)]);
+}
