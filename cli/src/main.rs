@@ -219,19 +219,12 @@ impl Filter {
     }
 }
 
+/// Which open records a bulk replay or discard takes.
 #[derive(Debug, clap::Args)]
-struct ReplayArgs {
-    /// The record to replay; without it, every open record matching the filters (or `--all`).
-    id: Option<String>,
-    /// Every open record, of any kind: a bulk replay without a filter must say so.
+struct Bulk {
+    /// Every open record, of any kind: a bulk replay or discard without a filter must say so.
     #[arg(long, conflicts_with_all = ["id", "kind", "severity", "older_than", "error"])]
     all: bool,
-    /// Who replays (kept with each record).
-    #[arg(long, required_unless_present = "dry_run")]
-    by: Option<String>,
-    /// Why (kept with each record; may be left out).
-    #[arg(long, default_value = "", hide_default_value = true)]
-    reason: String,
     /// Only this job kind (bulk).
     #[arg(long, conflicts_with = "id")]
     kind: Option<String>,
@@ -244,6 +237,20 @@ struct ReplayArgs {
     /// Only records whose last error holds this text (bulk).
     #[arg(long, conflicts_with = "id")]
     error: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+struct ReplayArgs {
+    /// The record to replay; without it, every open record matching the filters (or `--all`).
+    id: Option<String>,
+    #[command(flatten)]
+    bulk: Bulk,
+    /// Who replays (kept with each record).
+    #[arg(long, required_unless_present = "dry_run")]
+    by: Option<String>,
+    /// Why (kept with each record; may be left out).
+    #[arg(long, default_value = "", hide_default_value = true)]
+    reason: String,
     /// Replays a second at most (bulk).
     #[arg(long, default_value_t = 10)]
     rate: u32,
@@ -290,27 +297,14 @@ fn amend(payload: &serde_json::Value, patch: &str) -> redrive::Result<serde_json
 struct DiscardArgs {
     /// The record to discard; without it, every open record matching the filters (or `--all`).
     id: Option<String>,
-    /// Every open record, of any kind: a bulk discard without a filter must say so.
-    #[arg(long, conflicts_with_all = ["id", "kind", "severity", "older_than", "error"])]
-    all: bool,
+    #[command(flatten)]
+    bulk: Bulk,
     /// Why (kept with each record; required, not blank).
     #[arg(long, required_unless_present = "dry_run")]
     reason: Option<String>,
     /// Who discards (kept with each record).
     #[arg(long, required_unless_present = "dry_run")]
     by: Option<String>,
-    /// Only this job kind (bulk).
-    #[arg(long, conflicts_with = "id")]
-    kind: Option<String>,
-    /// Only this severity (bulk).
-    #[arg(long, value_enum, conflicts_with = "id")]
-    severity: Option<Level>,
-    /// Only records whose last failure is older than this (bulk).
-    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "id")]
-    older_than: Option<Duration>,
-    /// Only records whose last error holds this text (bulk).
-    #[arg(long, conflicts_with = "id")]
-    error: Option<String>,
     /// Discards what matched (bulk): without it, nothing is closed.
     #[arg(long, conflicts_with_all = ["id", "dry_run"])]
     yes: bool,
@@ -442,27 +436,10 @@ async fn replay(target: &AnyBackend, out: &output::Output, args: &ReplayArgs) ->
         out.outcome(&id.0, &outcome);
         return Ok(Done::Done);
     }
-    if !args.all && args.kind.is_none() && args.severity.is_none() && args.older_than.is_none() && args.error.is_none()
-    {
-        // A forgotten id or filter must not put every failure back on the queue.
-        return Err(redrive::Error::new(
-            ErrorKind::InvalidInput,
-            "no record id and no filter: give an id, a filter (--kind, --severity, --older-than, --error), \
-             or --all to replay every open record",
-        ));
-    }
+    let filter = bulk_filter(&args.bulk, "replay")?;
     if !args.dry_run {
         redrive::kit::require_audit("a replay's actor (--by)", by)?;
     }
-    let filter = Filter {
-        kind: args.kind.clone(),
-        severity: args.severity,
-        state: State::Open,
-        older_than: args.older_than,
-        error: args.error.clone(),
-        after: None,
-        limit: 500,
-    };
     let matching = every_page(target, &filter).await?;
     if matching.is_empty() {
         out.count("records replayed", 0);
@@ -501,6 +478,30 @@ async fn replay(target: &AnyBackend, out: &output::Output, args: &ReplayArgs) ->
 
 /// Every open record `filter` matches, all pages read before anything is closed: a closed record
 /// would shift the pages.
+/// The open records a bulk replay or discard (`verb`) takes: its filter, or every one with
+/// `--all`. A forgotten id or filter must not act on every failure.
+fn bulk_filter(bulk: &Bulk, verb: &str) -> redrive::Result<Filter> {
+    if !bulk.all && bulk.kind.is_none() && bulk.severity.is_none() && bulk.older_than.is_none() && bulk.error.is_none()
+    {
+        return Err(redrive::Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "no record id and no filter: give an id, a filter (--kind, --severity, --older-than, --error), \
+                 or --all to {verb} every open record"
+            ),
+        ));
+    }
+    Ok(Filter {
+        kind: bulk.kind.clone(),
+        severity: bulk.severity,
+        state: State::Open,
+        older_than: bulk.older_than,
+        error: bulk.error.clone(),
+        after: None,
+        limit: 500,
+    })
+}
+
 async fn every_page(target: &AnyBackend, filter: &Filter) -> redrive::Result<Vec<redrive::FailureRecord>> {
     let severity = filter.severity.map(Level::severity);
     let mut matching = Vec::new();
@@ -524,28 +525,11 @@ async fn discard(target: &AnyBackend, out: &output::Output, args: &DiscardArgs) 
         out.record(&target.get(&id).await?);
         return Ok(Done::Done);
     }
-    if !args.all && args.kind.is_none() && args.severity.is_none() && args.older_than.is_none() && args.error.is_none()
-    {
-        // A forgotten id or filter must not drop every failure.
-        return Err(redrive::Error::new(
-            ErrorKind::InvalidInput,
-            "no record id and no filter: give an id, a filter (--kind, --severity, --older-than, --error), \
-             or --all to discard every open record",
-        ));
-    }
+    let filter = bulk_filter(&args.bulk, "discard")?;
     if !args.dry_run {
         redrive::kit::require_audit("a discard's reason (--reason)", reason)?;
         redrive::kit::require_audit("a discard's actor (--by)", by)?;
     }
-    let filter = Filter {
-        kind: args.kind.clone(),
-        severity: args.severity,
-        state: State::Open,
-        older_than: args.older_than,
-        error: args.error.clone(),
-        after: None,
-        limit: 500,
-    };
     let matching = every_page(target, &filter).await?;
     if matching.is_empty() {
         out.count("records discarded", 0);

@@ -414,36 +414,66 @@ async fn bulk_discard<B: Records>(
     if reason.is_empty() {
         return problem(StatusCode::UNPROCESSABLE_ENTITY, "Give a reason: it stays with each record.");
     }
-    if form.filter.before.is_empty() || form.confirmed.is_empty() {
-        return problem(StatusCode::UNPROCESSABLE_ENTITY, "Confirm the bulk discard on its page first.");
-    }
-    let filter = Filter { state: "open".into(), after: String::new(), ..form.filter };
-    // Every page first, then the discards: a discarded record closes, which would shift the pages.
-    let (found, _) = match matching(&app, &filter, READ_AT_MOST).await {
-        Ok(found) => found,
+    let (filter, found) = match confirmed_set(&app, form.filter, &form.confirmed, Verb::Discard).await {
+        Ok(set) => set,
         Err(response) => return response,
     };
-    if found.is_empty() {
-        return problem(StatusCode::NOT_FOUND, format!("No {} to discard.", filter.describe()));
-    }
-    // Only what the operator saw and confirmed, as for a bulk replay.
-    if fingerprint(&found) != form.confirmed {
-        let again = format!("/discard?{}", filter.query_string(None));
-        return problem(
-            StatusCode::CONFLICT,
-            format!(
-                "The matching records changed since you confirmed ({} match now): nothing was discarded. \
-                 Confirm again at {again}.",
-                found.len()
-            ),
-        );
-    }
     let by = form.act.by.trim().to_owned();
     let described = filter.describe();
     tracing::info!(records = found.len(), by, "bulk discard started from the dashboard");
     let ids = found.into_iter().map(|r| r.id).collect();
     let number = app.bulk.start(app.clone(), ids, None, described, by, reason);
     Redirect::to(&format!("/discards/{number}")).into_response()
+}
+
+/// A bulk run's action, as its messages name it.
+#[derive(Clone, Copy)]
+enum Verb {
+    Replay,
+    Discard,
+}
+
+impl Verb {
+    /// The verb, its past participle, and the confirmation page's path.
+    fn words(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Self::Replay => ("replay", "replayed", "/replay"),
+            Self::Discard => ("discard", "discarded", "/discard"),
+        }
+    }
+}
+
+/// The open records a bulk replay or discard takes: every one matching `filter` (all pages first,
+/// since each closes as it is done, which would shift the pages), and only if they are the set the
+/// operator confirmed (`confirmed`, its [`fingerprint`]): a record failed, replayed or discarded
+/// since changes the set, and the operator confirms again.
+async fn confirmed_set<B: Records>(
+    app: &App<B>,
+    filter: Filter,
+    confirmed: &str,
+    verb: Verb,
+) -> Result<(Filter, Vec<FailureRecord>), Response> {
+    let (act, done, page) = verb.words();
+    if filter.before.is_empty() || confirmed.is_empty() {
+        return Err(problem(StatusCode::UNPROCESSABLE_ENTITY, format!("Confirm the bulk {act} on its page first.")));
+    }
+    let filter = Filter { state: "open".into(), after: String::new(), ..filter };
+    let (found, _) = matching(app, &filter, READ_AT_MOST).await?;
+    if found.is_empty() {
+        return Err(problem(StatusCode::NOT_FOUND, format!("No {} to {act}.", filter.describe())));
+    }
+    if fingerprint(&found) != confirmed {
+        let again = format!("{page}?{}", filter.query_string(None));
+        return Err(problem(
+            StatusCode::CONFLICT,
+            format!(
+                "The matching records changed since you confirmed ({} match now): nothing was {done}. \
+                 Confirm again at {again}.",
+                found.len()
+            ),
+        ));
+    }
+    Ok((filter, found))
 }
 
 /// What a bulk replay's confirmation and its post compare: the matching records' ids, hashed.
@@ -478,31 +508,10 @@ async fn bulk<B: Records>(
         Ok(rate) if (1..=1000).contains(&rate) => rate,
         _ => return problem(StatusCode::UNPROCESSABLE_ENTITY, "The rate is replays a second, 1 to 1000."),
     };
-    if form.filter.before.is_empty() || form.confirmed.is_empty() {
-        return problem(StatusCode::UNPROCESSABLE_ENTITY, "Confirm the bulk replay on its page first.");
-    }
-    let filter = Filter { state: "open".into(), after: String::new(), ..form.filter };
-    // Every page first, then the replays: a replayed record closes, which would shift the pages.
-    let (found, _) = match matching(&app, &filter, READ_AT_MOST).await {
-        Ok(found) => found,
+    let (filter, found) = match confirmed_set(&app, form.filter, &form.confirmed, Verb::Replay).await {
+        Ok(set) => set,
         Err(response) => return response,
     };
-    if found.is_empty() {
-        return problem(StatusCode::NOT_FOUND, format!("No {} to replay.", filter.describe()));
-    }
-    // Only what the operator saw and confirmed: a record failed, replayed or discarded since
-    // changes the set, and the operator confirms again.
-    if fingerprint(&found) != form.confirmed {
-        let again = format!("/replay?{}", filter.query_string(None));
-        return problem(
-            StatusCode::CONFLICT,
-            format!(
-                "The matching records changed since you confirmed ({} match now): nothing was replayed. \
-                 Confirm again at {again}.",
-                found.len()
-            ),
-        );
-    }
     let (by, reason) = (form.act.by.trim().to_owned(), form.act.reason.trim().to_owned());
     let described = filter.describe();
     tracing::info!(records = found.len(), rate, by, "bulk replay started from the dashboard");
