@@ -38,6 +38,9 @@ pub(crate) const ERRORS: &str = "Redrive-Errors";
 pub(crate) const COPIED_AT: &str = "Redrive-Copied-At";
 pub(crate) const UNCLAIMED: &str = "Redrive-Unclaimed";
 pub(crate) const SEAL: &str = "Redrive-Seal";
+/// The failure record a replayed job replays (a DLQ retry resends the entry's body as it was, so
+/// the record's id travels beside it).
+pub(crate) const REPLAY_OF: &str = "Redrive-Replay-Of";
 /// On the worker's 489: when the record was written, unix milliseconds (kept in the entry's
 /// `responseHeader`).
 pub(crate) const FAILED_AT: &str = "Redrive-Failed-At";
@@ -49,6 +52,7 @@ pub(crate) struct Carried {
     pub(crate) spent: u32,
     pub(crate) errors: Vec<AttemptError>,
     pub(crate) unclaimed: u32,
+    pub(crate) replay_of: Option<String>,
 }
 
 impl Carried {
@@ -60,6 +64,7 @@ impl Carried {
             spent: one(SPENT).and_then(|s| s.trim().parse().ok()).unwrap_or(0),
             errors: one(ERRORS).and_then(|e| decode_errors(&e)).unwrap_or_default(),
             unclaimed: one(UNCLAIMED).and_then(|s| s.trim().parse().ok()).unwrap_or(0),
+            replay_of: one(REPLAY_OF).filter(|id| !id.is_empty()),
         }
     }
 
@@ -67,7 +72,7 @@ impl Carried {
     /// (the job's first message), and whether headers were there unsealed.
     pub(crate) fn sealed(get: impl Fn(&str) -> Option<String>, seal: &Seal, body: &[u8]) -> (Self, bool) {
         let raw = |name: &str| get(name).unwrap_or_default();
-        let values = [raw(JOB_ID), raw(SPENT), raw(ERRORS), raw(UNCLAIMED)];
+        let values = [raw(JOB_ID), raw(SPENT), raw(ERRORS), raw(UNCLAIMED), raw(REPLAY_OF)];
         let given = get(SEAL);
         match given {
             Some(given) if seal.holds(&values, body, &given) => (Self::read(get), false),
@@ -86,22 +91,29 @@ impl Seal {
         Self { key: Sha256::digest(format!("redrive-qstash-seal\n{token}")).into() }
     }
 
-    fn mac(&self, values: &[String; 4], body: &[u8]) -> hmac::Hmac<Sha256> {
+    fn mac(&self, values: &[String; 5], body: &[u8]) -> hmac::Hmac<Sha256> {
         let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC takes a key of any length");
-        for value in values {
+        let [first @ .., replay_of] = values;
+        for value in first {
             mac.update(value.as_bytes());
+            mac.update(b"\n");
+        }
+        // Sealed only when there is one, so that copies sealed before it was carried still hold.
+        if !replay_of.is_empty() {
+            mac.update(replay_of.as_bytes());
             mac.update(b"\n");
         }
         mac.update(&Sha256::digest(body));
         mac
     }
 
-    /// The seal of the carried `values` (job id, spent, errors, unclaimed, as sent) and `body`.
-    pub(crate) fn sign(&self, values: &[String; 4], body: &[u8]) -> String {
+    /// The seal of the carried `values` (job id, spent, errors, unclaimed, replay of, as sent) and
+    /// `body`.
+    pub(crate) fn sign(&self, values: &[String; 5], body: &[u8]) -> String {
         URL_SAFE_NO_PAD.encode(self.mac(values, body).finalize().into_bytes())
     }
 
-    fn holds(&self, values: &[String; 4], body: &[u8], given: &str) -> bool {
+    fn holds(&self, values: &[String; 5], body: &[u8], given: &str) -> bool {
         let Ok(given) = URL_SAFE_NO_PAD.decode(given.trim().trim_end_matches('=')) else { return false };
         self.mac(values, body).verify_slice(&given).is_ok()
     }
@@ -155,6 +167,7 @@ pub(crate) fn record_of(entry: &DlqEntry) -> FailureRecord {
         ),
         (None, None) => format!("QStash gave up after {attempts} attempts without an answer from the endpoint"),
     };
-    let job = env.into_job(JobId(carried.job_id.unwrap_or_else(|| entry.message_id.clone())), attempts, None);
+    let mut job = env.into_job(JobId(carried.job_id.unwrap_or_else(|| entry.message_id.clone())), attempts, None);
+    job.replay_of = job.replay_of.or(carried.replay_of.map(FailureId));
     FailureRecord::from_job(FailureId(entry.dlq_id.clone()), &job, &error, carried.errors, failed_at)
 }

@@ -182,8 +182,11 @@ fn delivery(
     let timeout = config.delivery_timeout;
     let answer_by = now + timeout - (timeout / 10).min(Duration::from_secs(5));
     let (sender, verdict) = oneshot::channel();
+    let mut job = env.into_job(job_id, attempt, undecodable);
+    // A DLQ retry resends the entry's body as it was: the record it replays comes beside it.
+    job.replay_of = job.replay_of.or_else(|| carried.replay_of.clone().map(redrive_core::FailureId));
     let delivery = Delivery {
-        job: env.into_job(job_id, attempt, undecodable),
+        job,
         message_id,
         retried,
         carried,

@@ -32,9 +32,10 @@ impl QStashBackend {
         }
         let forward = |name: &str| format!("Upstash-Forward-{name}");
         let errors = if errors.is_empty() { String::new() } else { dead::encode_errors(errors) };
-        let carried = [d.job.id.0.clone(), spent.to_string(), errors, unclaimed.to_string()];
+        let replay_of = d.carried.replay_of.clone().unwrap_or_default();
+        let carried = [d.job.id.0.clone(), spent.to_string(), errors, unclaimed.to_string(), replay_of];
         headers.push((forward(SEAL), self.inner.seal.sign(&carried, d.body.as_bytes())));
-        for (name, value) in [JOB_ID, SPENT, ERRORS, UNCLAIMED].into_iter().zip(carried) {
+        for (name, value) in [JOB_ID, SPENT, ERRORS, UNCLAIMED, REPLAY_OF].into_iter().zip(carried) {
             if !value.is_empty() {
                 headers.push((forward(name), value));
             }

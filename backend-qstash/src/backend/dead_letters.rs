@@ -109,9 +109,9 @@ impl Broker for QStashBackend {
         // The entry carries its last copy's attempts, history and retries: a replay starts over,
         // the job's id kept, sealed to the entry's body.
         let job_id = Carried::read(|name| dead::lookup(&entry.header, name)).job_id.unwrap_or(entry.message_id.clone());
-        let carried = [job_id, "0".to_owned(), String::new(), String::new()];
+        let carried = [job_id, "0".to_owned(), String::new(), String::new(), record.0.clone()];
         let seal = self.inner.seal.sign(&carried, dead::text(&entry.body, &entry.body_base64).as_bytes());
-        let [job_id, spent, errors, unclaimed] = carried;
+        let [job_id, spent, errors, unclaimed, replay_of] = carried;
         let forward = |name: &str| format!("Upstash-Forward-{name}");
         let mut fresh = vec![
             ("Upstash-Retries".to_owned(), job.cap.saturating_sub(1).to_string()),
@@ -120,6 +120,7 @@ impl Broker for QStashBackend {
             (forward(ERRORS), errors),
             (forward(UNCLAIMED), unclaimed),
             (forward(SEAL), seal),
+            (forward(REPLAY_OF), replay_of),
             (forward(COPIED_AT), Utc::now().timestamp_millis().to_string()),
         ];
         // The kind's flow control as it is now, not as it was when the job failed.

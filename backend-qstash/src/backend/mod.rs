@@ -23,7 +23,7 @@ use tracing::{info, warn};
 use crate::api::DlqEntry;
 use crate::api::{Api, BATCH, Outgoing};
 use crate::config::QStashConfig;
-use crate::dead::{self, COPIED_AT, Carried, ERRORS, FAILED_AT, JOB_ID, SEAL, SPENT, Seal, UNCLAIMED};
+use crate::dead::{self, COPIED_AT, Carried, ERRORS, FAILED_AT, JOB_ID, REPLAY_OF, SEAL, SPENT, Seal, UNCLAIMED};
 use crate::flow::FlowHeaders;
 use crate::signature::Verifier;
 
