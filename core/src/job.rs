@@ -411,7 +411,7 @@ pub struct JobRecord {
     /// then stand-ins (the payload holds the raw body for a person to read).
     pub undecodable: Option<String>,
     /// The failure record this job replays, where the job travels apart from its record (a
-    /// broker's message): settled, the job confirms that record ([`Claim::confirm_replay`](crate::Claim::confirm_replay))
+    /// broker's message): settled, the job confirms that record ([`Claim::confirm_replay`](crate::kit::Claim::confirm_replay))
     /// or its new record names it. `None` where the backend keeps the link itself.
     pub replay_of: Option<crate::backend::FailureId>,
 }

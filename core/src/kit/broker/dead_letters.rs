@@ -64,7 +64,7 @@ impl<B: Broker> DeadLetter for B {
     }
 }
 
-/// What a broker's [`Claim::confirm_replay`](crate::Claim::confirm_replay) does: settles the
+/// What a broker's [`Claim::confirm_replay`](crate::kit::Claim::confirm_replay) does: settles the
 /// replaying record `record` in the store as confirmed, logged by its id.
 pub async fn confirm_replay<B: Broker>(broker: &B, record: &FailureId) -> Result<()> {
     let core = broker.core();
