@@ -145,7 +145,7 @@ async fn the_runbook_recovers_a_failed_credit_grant_once() {
 
     // 6. One effect, and the record closed; the discarded one never ran.
     assert_eq!(*granted.lock().unwrap(), ["acct_9"]);
-    assert!(stdout(&redrive(&schema, &["failed", "show", &replay_id])).contains("state         replayed"));
+    assert!(stdout(&redrive(&schema, &["failed", "show", &replay_id])).contains("state         confirmed"));
     assert!(stdout(&redrive(&schema, &["failed", "count"])).contains("open records: 0"));
     assert_eq!(paged.lock().unwrap().len(), 2, "no new page");
 }
