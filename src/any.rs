@@ -60,8 +60,8 @@ use std::time::Duration;
 use redrive_core::kit::{Backend, Capabilities, Slot, Tokens};
 use redrive_core::{
     Blocked, CancelOutcome, Counts, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery,
-    FailureRecord, Flow, FlowEvent, JobId, JobQuery, Jobs, KindFlow, Limits, LiveJob, NewJob, QueueStats, Rate, Replay,
-    ReplayOutcome, Result,
+    FailureRecord, Flow, FlowEvent, Forget, IdempotencyKey, JobId, JobQuery, Jobs, KindFlow, Limits, LiveJob, NewJob,
+    QueueStats, Rate, Replay, ReplayOutcome, Result,
 };
 
 /// The backend a URL named. Every variant is the backend's own type, so an application that
@@ -272,10 +272,7 @@ impl AnyOptions {
             }
             #[cfg(all(feature = "azure", feature = "postgres"))]
             "azure" => {
-                let account = match std::env::var("AZURE_STORAGE_CONNECTION_STRING") {
-                    Ok(text) => redrive_azure::AzureConfig::from_connection_string(&text)?,
-                    Err(_) => return Err(config_error("azure:// needs AZURE_STORAGE_CONNECTION_STRING")),
-                };
+                let account = azure_account()?;
                 let options = redrive_azure::QueueOptions::default();
                 let records = self.records(scheme).await?;
                 let queue = redrive_azure::AzureBackend::connect(&account, rest, options, records.clone()).await?;
@@ -283,17 +280,7 @@ impl AnyOptions {
             }
             #[cfg(all(feature = "qstash", feature = "postgres"))]
             "qstash" | "qstash+http" => {
-                // The destination the workers' receiver is at: its records are scoped by it.
-                let plain = scheme == "qstash+http";
-                let destination = format!("{}://{rest}", if plain { "http" } else { "https" });
-                let token = std::env::var("QSTASH_TOKEN").map_err(|_| config_error("qstash:// needs QSTASH_TOKEN"))?;
-                let mut config = redrive_qstash::QStashConfig::new(token, destination);
-                if let Ok(api) = std::env::var("QSTASH_URL") {
-                    config = config.with_api_url(api);
-                }
-                if plain {
-                    config = config.allow_plain_http();
-                }
+                let config = qstash_config(scheme, rest)?;
                 let records = self.records(scheme).await?;
                 // The kinds' limits, kept in the same database, go to QStash as its flow control.
                 let config = config.with_flow(records.clone());
@@ -305,6 +292,28 @@ impl AnyOptions {
                 let _ = rest;
                 Err(unknown_scheme(Some(other)))
             }
+        }
+    }
+
+    /// Checks the backend's configuration rules (`redrive doctor`), each with a verdict, what
+    /// was found and the fix. It does not connect as [`Self::connect`] does, which refuses what
+    /// the rules report (an SQS queue without its dead-letter queue, an Azure queue without its
+    /// poison queue) or changes it (opening a SQLite file migrates it): it only reads.
+    pub async fn doctor(&self, expect: &crate::doctor::Expect) -> Result<Vec<crate::doctor::Check>> {
+        let Some((scheme, rest)) = self.url.split_once("://") else { return Err(unknown_scheme(None)) };
+        let _ = (rest, expect);
+        match scheme {
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => self.postgres(&self.url).await?.doctor(expect).await,
+            #[cfg(feature = "sqlite")]
+            "sqlite" => redrive_sqlite::doctor(std::path::Path::new(rest), expect).await,
+            #[cfg(feature = "sqs")]
+            "sqs" => redrive_sqs::SqsConfig::new(rest).doctor(expect).await,
+            #[cfg(feature = "azure")]
+            "azure" => azure_account()?.doctor(rest, expect).await,
+            #[cfg(feature = "qstash")]
+            "qstash" | "qstash+http" => qstash_config(scheme, rest)?.doctor(expect).await,
+            other => Err(unknown_scheme(Some(other))),
         }
     }
 
@@ -337,6 +346,33 @@ fn config_error(message: impl Into<String>) -> Error {
     Error::new(ErrorKind::Config, message)
 }
 
+/// The Azure account `AZURE_STORAGE_CONNECTION_STRING` names.
+#[cfg(feature = "azure")]
+fn azure_account() -> Result<redrive_azure::AzureConfig> {
+    match std::env::var("AZURE_STORAGE_CONNECTION_STRING") {
+        Ok(text) => redrive_azure::AzureConfig::from_connection_string(&text),
+        Err(_) => Err(config_error("azure:// needs AZURE_STORAGE_CONNECTION_STRING")),
+    }
+}
+
+/// The QStash settings of `qstash://HOST/PATH` (`qstash+http://` for the emulator): the
+/// destination the workers' receiver is at (its records are scoped by it), `QSTASH_TOKEN`, and
+/// `QSTASH_URL` when set.
+#[cfg(feature = "qstash")]
+fn qstash_config(scheme: &str, rest: &str) -> Result<redrive_qstash::QStashConfig> {
+    let plain = scheme == "qstash+http";
+    let destination = format!("{}://{rest}", if plain { "http" } else { "https" });
+    let token = std::env::var("QSTASH_TOKEN").map_err(|_| config_error("qstash:// needs QSTASH_TOKEN"))?;
+    let mut config = redrive_qstash::QStashConfig::new(token, destination);
+    if let Ok(api) = std::env::var("QSTASH_URL") {
+        config = config.with_api_url(api);
+    }
+    if plain {
+        config = config.allow_plain_http();
+    }
+    Ok(config)
+}
+
 /// The error for a scheme this build cannot connect to: which features it needs, or which
 /// schemes there are.
 fn unknown_scheme(scheme: Option<&str>) -> Error {
@@ -351,6 +387,14 @@ fn unknown_scheme(scheme: Option<&str>) -> Error {
 impl Backend for AnyBackend {
     fn capabilities(&self) -> Capabilities {
         on!(self, b => b.capabilities())
+    }
+
+    fn messaging_system(&self) -> Option<&'static str> {
+        on!(self, b => b.messaging_system())
+    }
+
+    fn messaging_destination(&self) -> Option<String> {
+        on!(self, b => b.messaging_destination())
     }
 }
 
@@ -425,6 +469,60 @@ impl Jobs for AnyBackend {
 
     async fn cancel_job(&self, id: &JobId, reason: &str, actor: &str) -> Result<CancelOutcome> {
         on!(self, b => b.cancel_job(id, reason, actor).await)
+    }
+
+    /// A store's job of the key; a broker's key is marked in its records database, which its
+    /// workers normally use as their ledger (see the [module's docs](crate::any#flow-control)):
+    /// the key's next delivery completes unrun, and one running now is stopped.
+    async fn cancel_key(
+        &self,
+        key: &IdempotencyKey,
+        reason: &str,
+        actor: &str,
+    ) -> Result<(Option<JobId>, CancelOutcome)> {
+        match *self {
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(ref b) => b.cancel_key(key, reason, actor).await,
+            #[cfg(feature = "sqlite")]
+            AnyBackend::Sqlite(ref b) => b.cancel_key(key, reason, actor).await,
+            #[cfg(all(feature = "postgres", any(feature = "sqs", feature = "azure", feature = "qstash")))]
+            _ => {
+                let ledger = self.broker_ledger().expect("every other variant is a broker's");
+                Ok((None, redrive_core::kit::Ledger::cancel_effect(ledger, key, reason, actor).await?))
+            }
+        }
+    }
+}
+
+/// A store forgets its own keys; a broker's keys are forgotten in its records database (its
+/// records, and its workers' ledger where they use it): its messages are not reached.
+impl Forget for AnyBackend {
+    async fn forget_key(&self, key: &IdempotencyKey) -> Result<redrive_core::Forgotten> {
+        match *self {
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(ref b) => b.forget_key(key).await,
+            #[cfg(feature = "sqlite")]
+            AnyBackend::Sqlite(ref b) => b.forget_key(key).await,
+            #[cfg(all(feature = "postgres", any(feature = "sqs", feature = "azure", feature = "qstash")))]
+            _ => self.broker_ledger().expect("every other variant is a broker's").forget_key(key).await,
+        }
+    }
+}
+
+impl AnyBackend {
+    /// A broker's records database, its workers' ledger.
+    #[cfg(all(feature = "postgres", any(feature = "sqs", feature = "azure", feature = "qstash")))]
+    fn broker_ledger(&self) -> Option<&redrive_postgres::PgBackend> {
+        match *self {
+            #[cfg(all(feature = "sqs", feature = "postgres"))]
+            AnyBackend::Sqs(_, ref records) => Some(records),
+            #[cfg(all(feature = "azure", feature = "postgres"))]
+            AnyBackend::Azure(_, ref records) => Some(records),
+            #[cfg(all(feature = "qstash", feature = "postgres"))]
+            AnyBackend::QStash(_, ref records) => Some(records),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
     }
 }
 

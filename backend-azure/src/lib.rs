@@ -31,6 +31,7 @@
 
 mod backend;
 mod config;
+mod doctor;
 mod error;
 mod shared_key;
 mod wire;

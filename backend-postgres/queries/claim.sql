@@ -59,7 +59,7 @@ WITH picked AS MATERIALIZED (
         updated_at = now()
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.kind, j.idempotency_key, j.provider_key, j.payload, j.attempts, j.claims, j.cap, j.severity,
-              j.created_at, j.lease_token, j.stranded, j.deadline, j.priority
+              j.created_at, j.lease_token, j.stranded, j.deadline, j.priority, j.traceparent
 )
 SELECT claimed.*, picked.run_at AS ready_at FROM claimed JOIN picked USING (id)
 ORDER BY picked.priority DESC, picked.run_at, id

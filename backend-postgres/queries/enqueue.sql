@@ -4,7 +4,7 @@
 -- (a failed job's key answers `Failed`, not `Duplicate`). The key row and the job
 -- row are written by this one statement: both exist or neither does. A job with an order key
 -- keeps the key's highest id as `order_prev` (see claim.sql). A priority other than 0 is added to
--- `job_priorities` by its first job (see claim.sql).
+-- `job_priorities` by its first job (see claim.sql). $12: the producer's traceparent (or NULL).
 WITH key AS (
     INSERT INTO {schema}.job_keys (idempotency_key, fingerprint)
     VALUES ($2, $5)
@@ -12,11 +12,11 @@ WITH key AS (
     RETURNING job_id, fingerprint
 ), job AS (
     INSERT INTO {schema}.jobs (id, kind, idempotency_key, provider_key, payload, severity, cap, deadline, run_at,
-                               order_key, order_prev, priority)
+                               order_key, order_prev, priority, traceparent)
     SELECT job_id, $1, $2, $3, $4, $6, $7, $8, coalesce($9, now()), $10,
            CASE WHEN $10::text IS NOT NULL
                 THEN coalesce((SELECT max(id) FROM {schema}.jobs WHERE order_key = $10), 0) END,
-           $11
+           $11, $12
     FROM key
 ), level AS (
     INSERT INTO {schema}.job_priorities (priority)

@@ -6,7 +6,7 @@
 -- statistics do not know the kind expects no row to match, and sorts a scan of the whole table
 -- rather than read the primary key in order.
 SELECT id, kind, idempotency_key, payload, attempts, cap, errors, run_at, locked_until, created_at, updated_at,
-       cancelled_at, cancel_reason, cancelled_by,
+       cancelled_at, cancel_reason, cancelled_by, cancel_requested_at,
        CASE WHEN run_at > now() THEN 'scheduled'
             WHEN status = 'done' AND cancelled_at IS NOT NULL THEN 'cancelled'
             ELSE status END AS state

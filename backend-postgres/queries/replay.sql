@@ -14,6 +14,7 @@ WITH record AS (
     UPDATE {schema}.jobs
     SET status = 'queued', attempts = 0, stranded = 0, run_at = now(), errors = '[]', last_error = NULL,
         lease_token = NULL, locked_until = NULL, updated_at = now(), deadline = NULL,
+        cancel_requested_at = NULL, cancel_reason = NULL, cancelled_by = NULL,
         payload = coalesce($4, payload)
     WHERE id = (SELECT job_id FROM record) AND status = 'failed'
       AND ($4::jsonb IS NULL OR (

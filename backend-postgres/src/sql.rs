@@ -27,6 +27,10 @@ pub(crate) fn check_schema(name: &str) -> Result<()> {
     }
 }
 
+/// What the statements that end a running job (retry, release, the sweep) do besides, where it
+/// ends cancelled: one fragment, spliced in for `{ended_cancelled}`.
+const ENDED_CANCELLED: &str = include_str!("../queries/fragments/ended_cancelled.sql");
+
 macro_rules! queries {
     ($($name:ident),* $(,)?) => {
         /// Every query, with the schema filled in.
@@ -38,6 +42,7 @@ macro_rules! queries {
                 // The schema is checked to be [a-z0-9_], so its channel can be a literal.
                 let channel = format!("redrive_{schema}");
                 Self { $($name: include_str!(concat!("../queries/", stringify!($name), ".sql"))
+                    .replace("{ended_cancelled}", ENDED_CANCELLED.trim_end())
                     .replace("{schema}", &quoted).replace("{channel}", &channel).into(),)* }
             }
         }
@@ -53,6 +58,7 @@ queries!(
     complete,
     retry,
     extend,
+    cancel_asked,
     release,
     dead_letter,
     sweep,
@@ -71,6 +77,7 @@ queries!(
     ledger_extend,
     ledger_release,
     ledger_finish,
+    ledger_cancel,
     effect_begin,
     effect_result,
     notify,
@@ -83,6 +90,13 @@ queries!(
     broker_take,
     broker_close,
     broker_confirm,
+    broker_discard_replaying,
+    forget_key,
+    doctor_migrations,
+    doctor_unique,
+    doctor_autovacuum,
+    doctor_vacuum,
+    doctor_unalerted,
     broker_purge,
     broker_mention,
     flow_kinds,
@@ -110,7 +124,7 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, s
 /// schemas in one database migrate independently.
 pub(crate) fn migrator(schema: &str) -> Migrator {
     let quoted = format!("\"{schema}\"");
-    let files: [(i64, &str, &str); 11] = [
+    let files: [(i64, &str, &str); 13] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "done index", include_str!("../migrations/0002_done_index.sql")),
         (3, "contract v2", include_str!("../migrations/0003_contract_v2.sql")),
@@ -122,6 +136,8 @@ pub(crate) fn migrator(schema: &str) -> Migrator {
         (9, "replay confirm", include_str!("../migrations/0009_replay_confirm.sql")),
         (10, "live", include_str!("../migrations/0010_live.sql")),
         (11, "priority", include_str!("../migrations/0011_priority.sql")),
+        (12, "cancel running", include_str!("../migrations/0012_cancel_running.sql")),
+        (13, "trace", include_str!("../migrations/0013_trace.sql")),
     ];
     let migrations = files
         .into_iter()
@@ -155,6 +171,11 @@ mod tests {
         let q = Queries::new("tenant_1");
         for sql in [&q.enqueue, &q.claim, &q.dead_letter, &q.replay, &q.sweep, &q.ledger_begin, &q.flow_take_slot] {
             assert!(sql.contains("\"tenant_1\".") && !sql.contains("{schema}"));
+        }
+        for sql in [&q.retry, &q.release, &q.sweep] {
+            assert!(
+                sql.contains("replay_closed AS (") && !sql.contains("{ended_cancelled}") && !sql.contains("{channel}")
+            );
         }
     }
 }

@@ -4,16 +4,23 @@
 mod common;
 
 use redrive_conformance::{Subject, Timing};
+use redrive_core::Forget;
 use redrive_postgres::PgBackend;
 use sqlx::AssertSqlSafe;
 
 async fn postgres() -> Subject<PgBackend, PgBackend> {
     let backend = common::backend("conf").await;
     let (pool, schema) = (backend.pool().clone(), backend.schema().to_owned());
-    Subject::new(backend.clone(), backend, Timing::default()).storage(move |text| {
-        let (pool, schema) = (pool.clone(), schema.clone());
-        async move { holds_text(&pool, &schema, &text).await }
-    })
+    let forgetter = backend.clone();
+    Subject::new(backend.clone(), backend, Timing::default())
+        .storage(move |text| {
+            let (pool, schema) = (pool.clone(), schema.clone());
+            async move { holds_text(&pool, &schema, &text).await }
+        })
+        .forget(move |key| {
+            let backend = forgetter.clone();
+            async move { backend.forget_key(&key).await }
+        })
 }
 
 /// Whether `text` is in any row of any of the schema's tables, read as text.

@@ -99,8 +99,8 @@ fn statements() -> Vec<Statement> {
         Statement {
             name: "extend",
             sql: file!("extend"),
-            types: "bigint, uuid, float8",
-            args: |s| format!("{}, '{}', 30", s.one().0, s.one().1),
+            types: "bigint, uuid, float8, boolean",
+            args: |s| format!("{}, '{}', 30, true", s.one().0, s.one().1),
         },
         Statement {
             name: "release",
@@ -111,8 +111,8 @@ fn statements() -> Vec<Statement> {
         Statement {
             name: "dead_letter",
             sql: file!("dead_letter"),
-            types: "bigint, uuid, text",
-            args: |s| format!("{}, '{}', 'boom'", s.one().0, s.one().1),
+            types: "bigint, uuid, text, text",
+            args: |s| format!("{}, '{}', 'boom', '4bf92f3577b34da6a3ce929d0e0e4736'", s.one().0, s.one().1),
         },
         Statement { name: "sweep", sql: file!("sweep"), types: "", args: |_| String::new() },
         Statement { name: "blocked", sql: file!("blocked"), types: "", args: |_| String::new() },
@@ -125,16 +125,20 @@ fn statements() -> Vec<Statement> {
         Statement {
             name: "enqueue",
             sql: file!("enqueue"),
-            types: "text, text, uuid, jsonb, text, text, int, timestamptz, timestamptz, text, smallint",
+            types: "text, text, uuid, jsonb, text, text, int, timestamptz, timestamptz, text, smallint, text",
             args: |s| {
-                format!("'k', '{}', gen_random_uuid(), '{{}}', 'f', 'error', 5, NULL, NULL, 'acct:7', 7", s.keys[0])
+                format!(
+                    "'k', '{}', gen_random_uuid(), '{{}}', 'f', 'error', 5, NULL, NULL, 'acct:7', 7, \
+                     '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'",
+                    s.keys[0]
+                )
             },
         },
         Statement {
             name: "enqueue_batch",
             sql: file!("enqueue_batch"),
             types: "text[], text[], uuid[], jsonb[], text[], text[], int[], timestamptz[], timestamptz[], text[], \
-                    smallint[]",
+                    smallint[], text[]",
             args: |s| {
                 let n = s.keys.len();
                 format!(
@@ -142,7 +146,8 @@ fn statements() -> Vec<Statement> {
                      array_fill('{{}}'::jsonb, ARRAY[{n}]), array_fill('f'::text, ARRAY[{n}]), \
                      array_fill('error'::text, ARRAY[{n}]), array_fill(5, ARRAY[{n}]), \
                      array_fill(NULL::timestamptz, ARRAY[{n}]), array_fill(NULL::timestamptz, ARRAY[{n}]), \
-                     array_fill('acct:7'::text, ARRAY[{n}]), array_fill(7::smallint, ARRAY[{n}])",
+                     array_fill('acct:7'::text, ARRAY[{n}]), array_fill(7::smallint, ARRAY[{n}]), \
+                     array_fill(NULL::text, ARRAY[{n}])",
                     text_array(&s.keys)
                 )
             },
@@ -292,7 +297,11 @@ async fn check_plans(conn: &mut PgConnection, schema: &str, moment: &str) -> Vec
     let sample = sample(conn, schema).await;
     let mut failures = Vec::new();
     for (n, statement) in statements().iter().enumerate() {
-        let sql = statement.sql.replace("{schema}", &format!("\"{schema}\"")).replace("{limit}", "128");
+        let sql = statement
+            .sql
+            .replace("{ended_cancelled}", include_str!("../queries/fragments/ended_cancelled.sql").trim_end())
+            .replace("{schema}", &format!("\"{schema}\""))
+            .replace("{limit}", "128");
         let types = if statement.types.is_empty() { String::new() } else { format!("({})", statement.types) };
         exec(conn, &format!("PREPARE plan_{n}{types} AS {sql}")).await;
         let args = (statement.args)(&sample);

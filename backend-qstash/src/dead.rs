@@ -44,6 +44,9 @@ pub(crate) const REPLAY_OF: &str = "Redrive-Replay-Of";
 /// On the worker's 489: when the record was written, unix milliseconds (kept in the entry's
 /// `responseHeader`).
 pub(crate) const FAILED_AT: &str = "Redrive-Failed-At";
+/// On the worker's 489: the trace id of the failing attempt (kept in the entry's
+/// `responseHeader`), which the record keeps rather than the one of the body's `traceparent`.
+pub(crate) const TRACE_ID: &str = "Redrive-Trace-Id";
 
 /// What a message carries beside its body, read from a delivery's headers or a DLQ entry's.
 #[derive(Debug, Default, Clone)]
@@ -169,5 +172,47 @@ pub(crate) fn record_of(entry: &DlqEntry) -> FailureRecord {
     };
     let mut job = env.into_job(JobId(carried.job_id.unwrap_or_else(|| entry.message_id.clone())), attempts, None);
     job.replay_of = job.replay_of.or(carried.replay_of.map(FailureId));
-    FailureRecord::from_job(FailureId(entry.dlq_id.clone()), &job, &error, carried.errors, failed_at)
+    let mut record = FailureRecord::from_job(FailureId(entry.dlq_id.clone()), &job, &error, carried.errors, failed_at);
+    // The worker's 489 named the failing attempt's trace; without one (QStash gave up on its own),
+    // the record keeps the trace of the job's traceparent.
+    if let Some(id) = lookup(&entry.response_header, TRACE_ID).filter(|id| is_trace_id(id)) {
+        record.trace_id = Some(id);
+    }
+    record
+}
+
+/// 32 lower-case hex digits, not all zero: a W3C trace id.
+fn is_trace_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) && id.bytes().any(|b| b != b'0')
+}
+
+#[cfg(test)]
+mod tests {
+    use redrive_core::kit::Envelope;
+    use redrive_core::{IdempotencyKey, NewJob};
+
+    use super::*;
+
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn entry(response_header: serde_json::Value) -> DlqEntry {
+        let key = IdempotencyKey::builder("ship").fact("parcel", 1).build().unwrap();
+        let job = NewJob::new("ship", key, serde_json::json!({})).unwrap().with_traceparent(TRACEPARENT).unwrap();
+        serde_json::from_value(serde_json::json!({
+            "dlqId": "d-1", "messageId": "m-1", "body": Envelope::new(&job).encode(),
+            "responseStatus": 489, "responseBody": "boom", "responseHeader": response_header,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_record_keeps_the_trace_the_worker_named_else_the_bodys() {
+        // The failing attempt's trace, from the worker's 489 (a retry's own trace).
+        let named = entry(serde_json::json!({ TRACE_ID: ["0af7651916cd43dd8448eb211c80319c"] }));
+        assert_eq!(record_of(&named).trace_id.as_deref(), Some("0af7651916cd43dd8448eb211c80319c"));
+        // None named (QStash gave up on its own), or not a trace id: the body's traceparent's.
+        for header in [serde_json::json!({}), serde_json::json!({ TRACE_ID: ["not-a-trace"] })] {
+            assert_eq!(record_of(&entry(header)).trace_id.as_deref(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        }
+    }
 }

@@ -57,6 +57,7 @@ mod api;
 mod backend;
 mod config;
 mod dead;
+mod doctor;
 mod error;
 mod flow;
 mod receiver;

@@ -17,7 +17,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::backend::{Delivery, FAILED_AT_HEADER, QStashBackend, State, Verdict, lock};
+use crate::backend::{Delivery, FAILED_AT_HEADER, QStashBackend, State, TRACE_ID_HEADER, Verdict, lock};
 use crate::dead::Carried;
 use crate::signature::{NOT_OUR_KEYS, Verifier};
 
@@ -212,6 +212,10 @@ fn respond(verdict: Verdict) -> Response {
     }
     if let Some(at) = verdict.failed_at {
         headers.insert(FAILED_AT_HEADER, at.into());
+    }
+    // 32 hex digits, always a valid header value.
+    if let Some(value) = verdict.trace_id.and_then(|id| id.parse().ok()) {
+        headers.insert(TRACE_ID_HEADER, value);
     }
     response
 }

@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use redrive_conformance::{Subject, Timing};
+use redrive_core::Forget;
 use redrive_postgres::PgBackend;
 use redrive_qstash::QStashBackend;
 
@@ -21,10 +22,21 @@ async fn qstash() -> Subject<QStashBackend, PgBackend> {
     std::mem::forget(rig.emulator.clone());
     let (backend, ledger) = (rig.backend.clone(), rig.ledger.clone());
     drop(rig);
-    Subject::new(backend, ledger, timing).storage(move |text| {
-        let probe = probe.clone();
-        async move { probe.holds_text(&text).await.expect("the DLQ and the store can be read") }
-    })
+    // The ledger is the records store too, as in an application; QStash's DLQ keeps its own
+    // copy of a record's payload.
+    let forgetter = (backend.clone(), ledger.clone());
+    Subject::new(backend, ledger, timing)
+        .storage(move |text| {
+            let probe = probe.clone();
+            async move { probe.holds_text(&text).await.expect("the DLQ and the store can be read") }
+        })
+        .forget(move |key| {
+            let (backend, store) = forgetter.clone();
+            async move {
+                backend.forget_dlq_entries(&key).await?;
+                store.forget_key(&key).await
+            }
+        })
 }
 
 redrive_conformance::suite!(qstash());

@@ -24,4 +24,4 @@ WHERE id IN (
     LIMIT ?5
 )
 RETURNING id, kind, idempotency_key, provider_key, payload, attempts, claims, cap, severity, created_at, stranded, deadline,
-          priority
+          priority, traceparent

@@ -3,7 +3,7 @@
 -- checked on the way. A job's state: queued (ready now) or scheduled (ready later), running,
 -- done, failed, or cancelled (done unrun, with its audit).
 SELECT id, kind, idempotency_key, payload, attempts, cap, errors, ready_at, lease_expires, created_at, done_at,
-       cancelled_at, cancel_reason, cancelled_by,
+       cancelled_at, cancel_reason, cancelled_by, cancel_requested_at,
        CASE WHEN status = 'queued' AND ready_at > ?7 THEN 'scheduled'
             WHEN status = 'done' AND cancelled_at IS NOT NULL THEN 'cancelled'
             ELSE status END AS state

@@ -4,6 +4,7 @@
 UPDATE redrive_jobs
 SET status = 'queued', ready_at = ?2, lease_token = NULL, lease_expires = NULL, started = 0,
     attempts = 0, errors = '[]', done_at = NULL, deadline = NULL, replay_of = ?3,
+    cancel_requested_at = NULL, cancel_reason = NULL, cancelled_by = NULL,
     payload = coalesce(?4, payload), fingerprint = coalesce(?5, fingerprint)
 WHERE id = ?1 AND (?4 IS NULL OR status = 'failed')
 RETURNING id

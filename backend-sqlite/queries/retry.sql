@@ -1,7 +1,13 @@
 -- Queued again at ?3 with the attempt's error kept, if ?2 still holds job ?1.
--- ?4 the error's time (RFC 3339), ?5 the error.
+-- ?4 the error's time (RFC 3339), ?5 the error, ?6 now (ms). A job a person cancelled while it
+-- ran ends cancelled instead, the error kept (`cancelled_at` set: its replayed record is closed
+-- next, in the same transaction).
 UPDATE redrive_jobs
-SET status = 'queued', ready_at = ?3, lease_token = NULL, lease_expires = NULL, started = 0,
+SET status = CASE WHEN cancel_requested_at IS NULL THEN 'queued' ELSE 'done' END,
+    ready_at = CASE WHEN cancel_requested_at IS NULL THEN ?3 END,
+    done_at = CASE WHEN cancel_requested_at IS NOT NULL THEN ?6 END,
+    cancelled_at = CASE WHEN cancel_requested_at IS NOT NULL THEN ?6 END,
+    lease_token = NULL, lease_expires = NULL, started = 0,
     errors = json_insert(errors, '$[#]', json_object('attempt', attempts, 'at', ?4, 'error', ?5))
 WHERE id = ?1 AND lease_token = ?2
-RETURNING id
+RETURNING id, cancelled_at, cancel_reason, cancelled_by, order_key

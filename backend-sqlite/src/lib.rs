@@ -16,9 +16,11 @@
 
 mod backend;
 mod config;
+mod doctor;
 mod error;
 mod sql;
 
 pub use backend::{EffectOnce, SqliteBackend};
 pub use config::{SqliteConfig, SqliteSynchronous};
+pub use doctor::doctor;
 pub use sqlx;

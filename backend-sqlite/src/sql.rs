@@ -23,6 +23,8 @@ mod text {
         retry,
         give_back,
         extend,
+        cancel_asked,
+        cancel_ask,
         fail,
         record,
         list_failures,
@@ -42,6 +44,17 @@ mod text {
         purge_job_key,
         purge_job,
         purge_alerts,
+        forget_running,
+        forget_records,
+        forget_broker_records,
+        forget_job,
+        forget_ledger_key,
+        forget_effect,
+        doctor_migrations,
+        doctor_indexes,
+        doctor_quick_check,
+        doctor_journal_mode,
+        doctor_unalerted,
         prune_done_keys,
         prune_done,
         prune_ledger,
@@ -53,6 +66,7 @@ mod text {
         ledger_extend,
         ledger_release,
         ledger_finish,
+        ledger_cancel,
         effect_begin,
         effect_result,
         broker_keep,
@@ -94,7 +108,7 @@ pub(crate) fn q(sql: &'static str) -> sqlx::query::Query<'static, Sqlite, Sqlite
 
 /// The embedded migrations, tracked in `_sqlx_migrations`.
 pub(crate) fn migrator() -> Migrator {
-    let files: [(i64, &str, &str); 9] = [
+    let files: [(i64, &str, &str); 11] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "broker records", include_str!("../migrations/0002_broker_records.sql")),
         (3, "deadline", include_str!("../migrations/0003_deadline.sql")),
@@ -104,6 +118,8 @@ pub(crate) fn migrator() -> Migrator {
         (7, "replay confirm", include_str!("../migrations/0007_replay_confirm.sql")),
         (8, "live", include_str!("../migrations/0008_live.sql")),
         (9, "priority", include_str!("../migrations/0009_priority.sql")),
+        (10, "cancel running", include_str!("../migrations/0010_cancel_running.sql")),
+        (11, "trace", include_str!("../migrations/0011_trace.sql")),
     ];
     let migrations = files
         .into_iter()

@@ -101,6 +101,13 @@ impl Default for QueueSetup {
 impl SqsConfig {
     /// The SQS client this configuration reaches, counting its requests in `requests`.
     pub(crate) async fn client(&self, requests: &Arc<AtomicU64>) -> Client {
+        let shared = self.sdk_config().await;
+        let sqs = aws_sdk_sqs::config::Builder::from(&shared).interceptor(CountRequests(Arc::clone(requests))).build();
+        Client::from_conf(sqs)
+    }
+
+    /// The AWS settings: region, credentials and endpoint, from the environment unless given.
+    pub(crate) async fn sdk_config(&self) -> aws_config::SdkConfig {
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
         if let Some(endpoint) = &self.endpoint {
             loader = loader.endpoint_url(endpoint);
@@ -112,9 +119,7 @@ impl SqsConfig {
             let credentials = aws_sdk_sqs::config::Credentials::new(key, secret, None, None, "redrive-static");
             loader = loader.credentials_provider(credentials);
         }
-        let shared = loader.load().await;
-        let sqs = aws_sdk_sqs::config::Builder::from(&shared).interceptor(CountRequests(Arc::clone(requests))).build();
-        Client::from_conf(sqs)
+        loader.load().await
     }
 }
 

@@ -7,19 +7,32 @@ mod common;
 use std::time::Duration;
 
 use redrive_conformance::{Subject, Timing};
+use redrive_core::{Forget, Forgotten};
 use redrive_postgres::PgBackend;
 use redrive_sqs::{QueueSetup, SqsBackend};
 
 async fn sqs() -> Subject<SqsBackend, PgBackend> {
-    let queue = common::queue("conf", QueueSetup::default()).await;
+    let records = common::ledger().await;
+    let queue = common::queue_named(&common::name("conf"), QueueSetup::default(), records.clone()).await;
+    let ledger = common::ledger().await;
     // SQS counts visibility in whole seconds: leases of a few, and room for them to lapse.
     let timing =
         Timing { lease: Duration::from_secs(2), settle: Duration::from_secs(3), timeout: Duration::from_secs(60) };
     let probe = queue.clone();
-    Subject::new(queue, common::ledger().await, timing).storage(move |text| {
-        let probe = probe.clone();
-        async move { probe.holds_text(&text).await.expect("the queues can be read") }
-    })
+    let stores = (records, ledger.clone());
+    Subject::new(queue, ledger, timing)
+        .storage(move |text| {
+            let probe = probe.clone();
+            async move { probe.holds_text(&text).await.expect("the queues can be read") }
+        })
+        // The records and the ledger are in two schemas here: the key is forgotten in both.
+        .forget(move |key| {
+            let (records, ledger) = stores.clone();
+            async move {
+                let (a, b) = (records.forget_key(&key).await?, ledger.forget_key(&key).await?);
+                Ok(Forgotten { jobs: a.jobs + b.jobs, records: a.records + b.records, ledger: a.ledger + b.ledger })
+            }
+        })
 }
 
 redrive_conformance::suite!(sqs());

@@ -9,6 +9,12 @@ use crate::Cli;
 /// Connects to the backend `--backend` (or `REDRIVE_URL`) names, its records where `--records`
 /// (or `DATABASE_URL`) says. Errors never quote a URL: it may hold a password.
 pub(crate) async fn connect(cli: &Cli) -> Result<AnyBackend> {
+    options(cli)?.connect().await
+}
+
+/// The backend `--backend` (or `REDRIVE_URL`) names, with the command's `--records`, `--schema`
+/// and connections.
+pub(crate) fn options(cli: &Cli) -> Result<AnyOptions> {
     let url = cli.backend.as_deref().ok_or_else(|| {
         Error::new(
             ErrorKind::Config,
@@ -16,12 +22,13 @@ pub(crate) async fn connect(cli: &Cli) -> Result<AnyBackend> {
              qstash://HOST/PATH) or set REDRIVE_URL",
         )
     })?;
-    // A command opens few connections.
-    let mut options = AnyOptions::new(url).with_schema(&cli.schema).with_max_connections(2);
+    // A command opens few connections; a verification runs workers.
+    let connections = if matches!(cli.command, crate::Command::Verify(_)) { 8 } else { 2 };
+    let mut options = AnyOptions::new(url).with_schema(&cli.schema).with_max_connections(connections);
     if let Some(records) = &cli.records {
         options = options.with_records(records);
     }
-    options.connect().await
+    Ok(options)
 }
 
 /// One page of records matching `query`, of `severity` if given (filtered here: the stores do not

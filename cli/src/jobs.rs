@@ -24,9 +24,12 @@ pub(crate) enum JobsCommand {
         /// The job's id.
         id: String,
     },
-    /// Cancels a queued or scheduled job by id, by key, or every one a filter matches (`--yes`):
+    /// Cancels a queued or scheduled job by id, by key, or every one a filter matches (`--yes`).
+    /// On SQS, Azure and QStash, by key only: the key is marked in the workers' ledger (the
+    /// records database), so its next delivery completes unrun. For a stored job:
     /// it never runs, who and why are kept on it, and its key stays taken (enqueued again, it is
-    /// a duplicate of the cancelled job). A running job is refused.
+    /// a duplicate of the cancelled job). A running job is asked to stop: its worker stops the
+    /// handler at its next lease renewal and the job ends cancelled, unless it completes first.
     Cancel(CancelArgs),
 }
 
@@ -77,10 +80,11 @@ pub(crate) struct CancelArgs {
     /// The job of this idempotency key.
     #[arg(long, conflicts_with_all = ["kind", "state", "older_than", "younger_than"])]
     key: Option<String>,
-    /// Every queued or scheduled job of this kind (with `--yes`).
+    /// Every queued, scheduled or running job of this kind (with `--yes`; running ones are asked
+    /// to stop).
     #[arg(long)]
     kind: Option<String>,
-    /// Only queued or only scheduled jobs (with a filter).
+    /// Only queued, only scheduled or only running jobs (with a filter).
     #[arg(long)]
     state: Option<String>,
     /// Only jobs enqueued longer ago than this (with a filter).
@@ -137,8 +141,12 @@ async fn cancel(target: &AnyBackend, out: &Output, args: &CancelArgs) -> Result<
         return Ok(Done::Done);
     }
     if let Some(key) = &args.key {
-        let (id, outcome) = target.cancel_key(&IdempotencyKey::parse(key.clone())?, &args.reason, &args.by).await?;
-        out.cancelled(&id, &outcome);
+        let key = IdempotencyKey::parse(key.clone())?;
+        match target.cancel_key(&key, &args.reason, &args.by).await? {
+            (Some(id), outcome) => out.cancelled(&id, &outcome),
+            // A broker's: marked in its ledger.
+            (None, outcome) => out.key_cancelled(&key, &outcome),
+        }
         return Ok(Done::Done);
     }
     if args.kind.is_none() && args.state.is_none() && args.older_than.is_none() && args.younger_than.is_none() {
@@ -160,7 +168,7 @@ async fn cancel(target: &AnyBackend, out: &Output, args: &CancelArgs) -> Result<
     if let Some(state) = query.state.filter(|s| !s.is_cancellable()) {
         return Err(Error::new(
             ErrorKind::InvalidInput,
-            format!("only queued or scheduled jobs can be cancelled, not {state} ones"),
+            format!("only queued, scheduled or running jobs can be cancelled, not {state} ones"),
         ));
     }
     if !args.yes {
@@ -192,14 +200,35 @@ async fn cancel(target: &AnyBackend, out: &Output, args: &CancelArgs) -> Result<
 pub(crate) fn state_text(job: &redrive::LiveJob) -> String {
     match (&job.state, &job.cancelled, &job.running) {
         (JobState::Cancelled, Some(c), _) => format!("cancelled by {}", c.actor),
+        (JobState::Running, Some(c), _) => format!("running, cancel asked by {}", c.actor),
         (JobState::Running, _, Some(r)) => format!("running, lease until {}", r.lease_until.format("%H:%M:%S")),
         (state, ..) => state.to_string(),
+    }
+}
+
+/// What a broker's cancel by key did: a mark in its workers' ledger.
+pub(crate) fn key_outcome_text(key: &IdempotencyKey, outcome: &CancelOutcome) -> String {
+    match outcome {
+        CancelOutcome::AlreadyCancelled(c) => format!(
+            "key {key} was cancelled already, {} by {}: {}; nothing changed",
+            c.at.format("%Y-%m-%d %H:%M"),
+            c.actor,
+            c.reason
+        ),
+        _ => format!(
+            "key {key} cancelled in the workers' ledger: its next delivery completes unrun, a run of it now is \
+             stopped at its next renewal, and the key stays taken"
+        ),
     }
 }
 
 pub(crate) fn outcome_text(id: &JobId, outcome: &CancelOutcome) -> String {
     match outcome {
         CancelOutcome::Cancelled => format!("job {id} cancelled: it will not run, and its key stays taken"),
+        CancelOutcome::Requested => format!(
+            "job {id} is running: its worker is asked to stop it at its next lease renewal; it ends cancelled \
+             unless it completes first (see `redrive jobs show {id}`)"
+        ),
         CancelOutcome::AlreadyCancelled(c) => format!(
             "job {id} was cancelled already, {} by {}: {}; nothing changed",
             c.at.format("%Y-%m-%d %H:%M"),

@@ -19,6 +19,9 @@
 //! redrive jobs show <JOB ID>
 //! redrive jobs cancel <JOB ID> --reason "the order was withdrawn" --by ada
 //! redrive jobs cancel --kind send_digest --state scheduled --reason "digest retired" --by ada --yes
+//! redrive doctor
+//! redrive verify --evidence evidence/ --key-format send_receipt=order
+//! redrive verify --check-fresh evidence/ --max-age 7d --key-format send_receipt=order
 //! ```
 //!
 //! Exit codes: 0 done, 1 error (a broker asked for its jobs: its counts are printed, then the
@@ -27,9 +30,12 @@
 //! history).
 
 mod backends;
+mod doctor;
+mod evidence;
 mod jobs;
 mod kind;
 mod output;
+mod verify;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -126,6 +132,16 @@ enum Command {
         #[command(subcommand)]
         command: jobs::JobsCommand,
     },
+    /// The four tests of safe retries (replay, race, exhaust, recover) on this backend, with a
+    /// job kind of its own (`redrive_verify`) that the application's workers put back untouched;
+    /// writes dated evidence (JSON and Markdown). `--check-fresh DIR` checks that evidence
+    /// instead: passed, recent, and of this backend, configuration and key formats.
+    Verify(verify::VerifyArgs),
+    /// The configuration rules of this backend (PostgreSQL and SQLite so far): migrations
+    /// current, the unique indexes the keys rely on, autovacuum (PostgreSQL) or the file's
+    /// soundness (SQLite), open records alerted. Each with pass, warn or
+    /// fail, what was found and the fix; exit 1 when a rule fails.
+    Doctor(doctor::DoctorArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -341,6 +357,10 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: &Cli) -> redrive::Result<Done> {
+    if let Command::Doctor(args) = &cli.command {
+        // Not connected: connecting refuses or changes what the rules report.
+        return doctor::run(&backends::options(cli)?, &output::Output { json: cli.json }, args).await;
+    }
     let target = backends::connect(cli).await?;
     if let Command::Serve { bind, token, public_url, trust_forwarded_proto, sample_every } = &cli.command {
         serve(target, *bind, token.clone(), public_url.as_deref(), *trust_forwarded_proto, *sample_every).await?;
@@ -379,6 +399,8 @@ async fn run(cli: &Cli) -> redrive::Result<Done> {
         }
         Command::Kind { command } => kind::run(&target, &out, command).await,
         Command::Jobs { command } => jobs::run(&target, &out, command).await,
+        Command::Doctor(_) => unreachable!("checked above"),
+        Command::Verify(args) => verify::run(cli.backend.as_deref().unwrap_or_default(), &target, &out, args).await,
     }
 }
 

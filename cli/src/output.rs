@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive::{
-    Blocked, CancelOutcome, Counts, FailureRecord, FlowEvent, JobId, KindFlow, Limits, LiveJob, Paused, Rate,
-    RecordState, ReplayOutcome,
+    Blocked, CancelOutcome, Counts, FailureRecord, FlowEvent, IdempotencyKey, JobId, JobState, KindFlow, Limits,
+    LiveJob, Paused, Rate, RecordState, ReplayOutcome,
 };
 use serde_json::json;
 
@@ -137,6 +137,9 @@ impl Output {
         if let Some(earlier) = &r.replay_of {
             println!("replay of     record {earlier}: its replayed job failed again into this one");
         }
+        if let Some(trace) = &r.trace_id {
+            println!("trace         {trace} (the failing attempt's trace id: look it up in your tracing backend)");
+        }
         println!("attempts      {} of {}", r.attempts, r.cap);
         println!(
             "failed        {} to {} (UTC)",
@@ -170,6 +173,52 @@ impl Output {
         println!("record {id} would be replayed with this payload (nothing sent):");
         for line in serde_json::to_string_pretty(payload).expect("serializes").lines() {
             println!("  {line}");
+        }
+    }
+
+    /// Each rule's verdict, what was found, and the fix where it did not pass.
+    pub(crate) fn checks(&self, checks: &[redrive::doctor::Check]) {
+        if self.json {
+            let count = |s| checks.iter().filter(|c| c.status == s).count();
+            use redrive::doctor::Status::{Fail, Pass, Warn};
+            return print_json(&json!({
+                "checks": checks, "passed": count(Pass), "warned": count(Warn), "failed": count(Fail),
+            }));
+        }
+        for check in checks {
+            let status = match check.status {
+                redrive::doctor::Status::Pass => "PASS",
+                redrive::doctor::Status::Warn => "WARN",
+                redrive::doctor::Status::Fail => "FAIL",
+            };
+            println!("{status}  {:<22} {}", check.rule, check.found);
+            if let Some(fix) = &check.fix {
+                println!("      {:<22} fix: {fix}", "");
+            }
+        }
+    }
+
+    /// A verification's verdict per test, and where its evidence is.
+    pub(crate) fn verified(&self, evidence: &crate::evidence::Evidence, written: &[std::path::PathBuf; 2]) {
+        if self.json {
+            return print_json(&serde_json::to_value(evidence).unwrap_or_default());
+        }
+        for test in &evidence.tests {
+            let verdict = if test.passed { "passed" } else { "FAILED" };
+            println!("{:<8} {verdict:<7} {}", test.name, test.failure.as_deref().unwrap_or(&test.checks));
+        }
+        println!("evidence: {} and {}", written[0].display(), written[1].display());
+    }
+
+    /// Whether the newest evidence still holds, and if not, why.
+    pub(crate) fn freshness(&self, newest: Option<&crate::evidence::Evidence>, stale: &[String]) {
+        let when = newest.map(|e| e.finished_at.to_rfc3339());
+        if self.json {
+            return print_json(&json!({ "fresh": stale.is_empty(), "newest": when, "why_not": stale }));
+        }
+        match (&when, stale.is_empty()) {
+            (Some(when), true) => println!("the evidence of {when} holds"),
+            _ => stale.iter().for_each(|why| println!("stale: {why}")),
         }
     }
 
@@ -395,7 +444,9 @@ impl Output {
             println!("lease until   {} UTC (which worker holds it is not recorded)", time(r.lease_until));
         }
         if let Some(c) = &j.cancelled {
-            println!("cancelled     {} UTC by {}: {}", time(c.at), c.actor, c.reason);
+            // On a running job, a cancel asked: its worker stops it at its next renewal.
+            let label = if j.state == JobState::Running { "cancel asked " } else { "cancelled    " };
+            println!("{label} {} UTC by {}: {}", time(c.at), c.actor, c.reason);
         }
         println!("errors");
         for e in &j.errors {
@@ -408,13 +459,27 @@ impl Output {
         }
     }
 
+    pub(crate) fn key_cancelled(&self, key: &IdempotencyKey, outcome: &CancelOutcome) {
+        if self.json {
+            let already = match outcome {
+                CancelOutcome::AlreadyCancelled(c) => Some(c),
+                _ => None,
+            };
+            return print_json(&json!({ "key": key, "cancelled": already.is_none(), "already_cancelled": already }));
+        }
+        println!("{}", crate::jobs::key_outcome_text(key, outcome));
+    }
+
     pub(crate) fn cancelled(&self, id: &JobId, outcome: &CancelOutcome) {
         if self.json {
-            let (cancelled, already) = match outcome {
-                CancelOutcome::Cancelled => (true, None),
-                CancelOutcome::AlreadyCancelled(c) => (false, Some(c)),
+            let (cancelled, asked, already) = match outcome {
+                CancelOutcome::Cancelled => (true, false, None),
+                CancelOutcome::Requested => (false, true, None),
+                CancelOutcome::AlreadyCancelled(c) => (false, false, Some(c)),
             };
-            return print_json(&json!({ "job": id, "cancelled": cancelled, "already_cancelled": already }));
+            return print_json(
+                &json!({ "job": id, "cancelled": cancelled, "stop_asked": asked, "already_cancelled": already }),
+            );
         }
         println!("{}", crate::jobs::outcome_text(id, outcome));
     }

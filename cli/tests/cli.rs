@@ -46,6 +46,8 @@ async fn on_postgres_an_operator_lists_reads_discards_replays_and_purges() {
     let db = database().await;
     let (url, schema) = (database_url(), db.schema().to_owned());
     let mut jobs: Vec<NewJob> = (1..=3).map(|n| job("ship", n)).collect();
+    // The first with its producer's trace context: its record shows the trace id.
+    jobs[0] = jobs[0].clone().with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
     let mut critical = job("charge", 9);
     critical.severity = Severity::Critical;
     jobs.push(critical);
@@ -68,6 +70,8 @@ async fn on_postgres_an_operator_lists_reads_discards_replays_and_purges() {
     let shown = redrive(&url, &schema, &["failed", "show", &id]);
     let text = String::from_utf8_lossy(&shown.stdout);
     assert!(text.contains("\"note\": \"parcel 1\"") && text.contains("attempts      1 of 5"), "{text}");
+    assert!(text.contains("trace         4bf92f3577b34da6a3ce929d0e0e4736 (the failing attempt's"), "{text}");
+    assert_eq!(all[0]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736", "{all}");
     assert_eq!(redrive(&url, &schema, &["failed", "show", "no-such-record"]).status.code(), Some(2));
 
     // discard with reason and name; replay one; counts follow.

@@ -5,12 +5,14 @@
 mod common;
 
 use std::process::Output;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{database, database_url, redrive_command, sqs_endpoint};
 
-use redrive_core::kit::{Claim, Kinds};
-use redrive_core::{Enqueue, Enqueued, IdempotencyKey, NewJob};
+use redrive_core::kit::{Claim, Kinds, Renew};
+use redrive_core::{Enqueue, Enqueued, ErrorKind, IdempotencyKey, JobError, NewJob, Worker};
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
 use serde_json::Value;
 
@@ -25,6 +27,20 @@ fn json(out: &Output) -> Value {
 
 fn text(out: &Output) -> (String, String) {
     (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The job kind "ship", as a worker handles it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Ship {
+    n: u32,
+    note: String,
+}
+
+impl redrive_core::Job for Ship {
+    const KIND: &'static str = "ship";
+    fn key(&self, key: redrive_core::KeyBuilder) -> redrive_core::KeyBuilder {
+        key.fact("n", self.n)
+    }
 }
 
 fn job(kind: &str, n: u32) -> NewJob {
@@ -83,13 +99,29 @@ async fn operator_cancels(queue: &(impl Enqueue + Claim), backend: &str, schema:
     let (shown, _) = text(&redrive(backend, schema, &["jobs", "show", &id("ship:n=1")]));
     assert!(shown.contains("parcel 1") && shown.contains("lease until"), "{shown}");
 
-    // Refused: no reason; a running job; a job that does not exist.
+    // Refused: no reason; a job that does not exist.
     let blank = redrive(backend, schema, &["jobs", "cancel", &id("ship:n=2"), "--reason", " ", "--by", "ada"]);
     assert_eq!(blank.status.code(), Some(1), "{:?}", text(&blank));
     assert!(text(&blank).1.contains("reason"), "{:?}", text(&blank));
+
+    // A running job is asked to stop: it reads so, its holder's renewal is refused as
+    // `Cancelled`, and the settlement its worker then makes ends it cancelled with the audit.
     let busy = redrive(backend, schema, &["jobs", "cancel", &id("ship:n=1"), "--reason", "late", "--by", "ada"]);
-    assert_eq!(busy.status.code(), Some(1));
-    assert!(text(&busy).1.contains("running: cannot cancel yet"), "{:?}", text(&busy));
+    assert_eq!(busy.status.code(), Some(0), "{:?}", text(&busy));
+    assert!(text(&busy).0.contains("its worker is asked to stop it"), "{:?}", text(&busy));
+    let (shown, _) = text(&redrive(backend, schema, &["jobs", "show", &id("ship:n=1")]));
+    assert!(shown.contains("state         running") && shown.contains("cancel asked  "), "{shown}");
+    assert!(shown.contains("by ada: late"), "{shown}");
+    let renewal = queue.renewal().expect("the backend renews leases");
+    let refused = renewal.renew(&running.lease, Duration::from_secs(60)).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Cancelled, "{refused}");
+    queue.retry(&running.lease, Duration::ZERO, "cancelled while running").await.unwrap();
+    let stopped = json(&redrive(backend, schema, &["--json", "jobs", "show", &id("ship:n=1")]));
+    assert_eq!(
+        (&stopped["state"], &stopped["cancelled"]["actor"], &stopped["cancelled"]["reason"]),
+        (&"cancelled".into(), &"ada".into(), &"late".into()),
+        "{stopped}"
+    );
     let missing = redrive(backend, schema, &["jobs", "cancel", "987654321", "--reason", "gone", "--by", "ada"]);
     assert_eq!(missing.status.code(), Some(2), "{:?}", text(&missing));
     assert_eq!(state_of("ship:n=2"), "queued");
@@ -109,7 +141,7 @@ async fn operator_cancels(queue: &(impl Enqueue + Claim), backend: &str, schema:
     );
     let (shown, _) = text(&redrive(backend, schema, &["jobs", "show", &id("ship:n=5")]));
     assert!(shown.contains("by ben: superseded"), "{shown}");
-    assert_eq!(listed(backend, schema, &["--state", "cancelled"]).len(), 2);
+    assert_eq!(listed(backend, schema, &["--state", "cancelled"]).len(), 3, "two unrun, one stopped");
 
     // The key stays taken: enqueued again, a duplicate of the cancelled job.
     let again = queue.enqueue(job("ship", 2)).await.unwrap();
@@ -168,9 +200,39 @@ async fn on_sqs_jobs_are_not_listed_and_the_counts_are_shown_instead() {
     assert_eq!(out.status.code(), Some(1), "{stdout} {stderr}");
     assert!(stderr.contains("Unsupported") && stderr.contains("cannot list"), "{stderr}");
     assert!(stdout.contains("queued") && stdout.contains("open records"), "the counts instead: {stdout}");
+    // By id: refused, saying to cancel the key. By key: a mark in the workers' ledger (the records
+    // database), so a worker completes the message unrun, its handler never called.
+    let by_id = redrive(&backend, &schema, &["jobs", "cancel", "1", "--reason", "r", "--by", "ada"]);
+    assert_eq!(by_id.status.code(), Some(1));
+    assert!(text(&by_id).1.contains("Unsupported") && text(&by_id).1.contains("--key"), "{:?}", text(&by_id));
     let cancel = redrive(&backend, &schema, &["jobs", "cancel", "--key", "ship:n=1", "--reason", "r", "--by", "ada"]);
-    assert_eq!(cancel.status.code(), Some(1));
-    assert!(text(&cancel).1.contains("Unsupported"), "{:?}", text(&cancel));
+    assert_eq!(cancel.status.code(), Some(0), "{:?}", text(&cancel));
+    assert!(text(&cancel).0.contains("cancelled in the workers' ledger"), "{:?}", text(&cancel));
+    let again = json(&redrive(
+        &backend,
+        &schema,
+        &["--json", "jobs", "cancel", "--key", "ship:n=1", "--reason", "x", "--by", "ben"],
+    ));
+    assert_eq!((&again["cancelled"], &again["already_cancelled"]["actor"]), (&false.into(), &"ada".into()), "{again}");
+    let ran = Arc::new(AtomicU32::new(0));
+    let worker = {
+        let ran = Arc::clone(&ran);
+        Worker::builder(queue.clone(), db.clone())
+            .handle::<Ship>(move |_: Ship, _| {
+                ran.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, JobError>(()) }
+            })
+            .build()
+            .start()
+    };
+    for _ in 0..200 {
+        if worker.stats().withdrawn == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = worker.shutdown().await;
+    assert_eq!((stats.withdrawn, ran.load(Ordering::SeqCst)), (1, 0), "completed unrun: {stats:?}");
 
     // The dashboard's Jobs page says so too, and shows the counts instead.
     let (_served, url) = common::serve(&backend, &schema, None);

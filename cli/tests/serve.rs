@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::{database, serve, sqs_endpoint, unique};
-use redrive_azure::{AzureBackend, AzureConfig, QueueOptions};
+use redrive_azure::{AzureBackend, QueueOptions};
 use redrive_core::kit::{Claim, Kinds};
 use redrive_core::{DeadLetter, Enqueue, FailureQuery, Flow, IdempotencyKey, NewJob, RecordState};
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
@@ -126,10 +126,7 @@ async fn the_dashboard_works_an_sqs_queue() {
 async fn the_dashboard_works_an_azure_queue() {
     let db = database().await;
     let name = format!("rdt-serve-{}", unique().replace('_', "-"));
-    let account = match std::env::var("AZURE_STORAGE_CONNECTION_STRING") {
-        Ok(text) => AzureConfig::from_connection_string(&text).unwrap(),
-        Err(_) => AzureConfig::development(),
-    };
+    let account = common::azure_account();
     let queue = AzureBackend::setup(&account, &name, QueueOptions::default(), db.clone())
         .await
         .unwrap_or_else(|e| panic!("Azurite is required (run scripts/test): {e}"));

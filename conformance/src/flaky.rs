@@ -45,6 +45,14 @@ impl<S: RecordStore> RecordStore for FlakyStore<S> {
     fn confirm_record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<bool>> {
         self.store.confirm_record(queue, id)
     }
+    fn discard_replaying<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a FailureId,
+        discarded: &'a RecordState,
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.store.discard_replaying(queue, id, discarded)
+    }
     fn open_records<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64>> {
         self.store.open_records(queue)
     }

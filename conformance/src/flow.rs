@@ -168,6 +168,7 @@ async fn key_held<Q: Queue, L: Ledger + Clone + 'static>(
         }
         Begin::Busy(held_for) => Ok(Some(held_for)),
         Begin::Done(_) => Err(run.fail(format!("the key {} is done, though no attempt finished", job.key))),
+        Begin::Cancelled(_) => Err(run.fail(format!("the key {} is cancelled, though nobody cancelled it", job.key))),
     }
 }
 

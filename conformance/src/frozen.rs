@@ -103,6 +103,14 @@ impl<T: Backend> Backend for Frozen<T> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+
+    fn messaging_system(&self) -> Option<&'static str> {
+        self.inner.messaging_system()
+    }
+
+    fn messaging_destination(&self) -> Option<String> {
+        self.inner.messaging_destination()
+    }
 }
 
 impl<T: Enqueue> Enqueue for Frozen<T> {
@@ -149,6 +157,10 @@ impl<T: Claim> Claim for Frozen<T> {
         self.alive().await;
         self.inner.confirm_replay(record).await
     }
+    async fn withdraw_replay(&self, record: &FailureId, cancel: &redrive_core::Cancellation) -> R<()> {
+        self.alive().await;
+        self.inner.withdraw_replay(record, cancel).await
+    }
     fn renewal(&self) -> Option<&impl Renew> {
         self.inner.renewal().map(|_| self)
     }
@@ -159,6 +171,11 @@ impl<T: Claim> Renew for Frozen<T> {
         self.freeze.hang_if(Freeze::RENEWALS).await;
         let renewal = self.inner.renewal().expect("offered only where the inner backend renews");
         renewal.renew(lease, by).await
+    }
+    async fn renew_settling(&self, lease: &Lease, by: Duration) -> R<Lease> {
+        self.freeze.hang_if(Freeze::RENEWALS).await;
+        let renewal = self.inner.renewal().expect("offered only where the inner backend renews");
+        renewal.renew_settling(lease, by).await
     }
 }
 
@@ -213,6 +230,15 @@ impl<T: Ledger> Ledger for Frozen<T> {
         self.ledger_up().await?;
         self.inner.finish(hold, result).await
     }
+    async fn cancel_effect(
+        &self,
+        key: &redrive_core::IdempotencyKey,
+        reason: &str,
+        actor: &str,
+    ) -> R<redrive_core::CancelOutcome> {
+        self.ledger_up().await?;
+        self.inner.cancel_effect(key, reason, actor).await
+    }
     fn flow(&self) -> Option<&impl redrive_core::Flow> {
         self.inner.flow()
     }
@@ -251,6 +277,13 @@ macro_rules! forward_settlements {
         async fn confirm_replay(&self, record: &redrive_core::FailureId) -> redrive_core::Result<()> {
             self.inner.confirm_replay(record).await
         }
+        async fn withdraw_replay(
+            &self,
+            record: &redrive_core::FailureId,
+            cancel: &redrive_core::Cancellation,
+        ) -> redrive_core::Result<()> {
+            self.inner.withdraw_replay(record, cancel).await
+        }
         fn renewal(&self) -> Option<&impl redrive_core::kit::Renew> {
             self.inner.renewal().map(|_| self)
         }
@@ -264,6 +297,14 @@ macro_rules! forward_capabilities_and_records {
         impl<T: redrive_core::kit::Backend> redrive_core::kit::Backend for $wrapper<T> {
             fn capabilities(&self) -> redrive_core::kit::Capabilities {
                 self.inner.capabilities()
+            }
+
+            fn messaging_system(&self) -> Option<&'static str> {
+                self.inner.messaging_system()
+            }
+
+            fn messaging_destination(&self) -> Option<String> {
+                self.inner.messaging_destination()
             }
         }
 

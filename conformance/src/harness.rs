@@ -161,6 +161,8 @@ pub(crate) struct Script {
     delay: Mutex<Duration>,
     /// Every handler start: (key, attempt). Includes failed attempts.
     pub(crate) starts: Mutex<Vec<(IdempotencyKey, u32)>>,
+    /// Every handler start's trace context (`JobContext::traceparent`), by key.
+    traceparents: Mutex<Vec<(IdempotencyKey, Option<String>)>>,
     /// Every effect performed. No unique constraint.
     pub(crate) effects: Mutex<Vec<Effect>>,
     pub(crate) alerts: Mutex<Vec<Alert>>,
@@ -239,8 +241,18 @@ impl Script {
         self.starts.lock().unwrap().iter().filter(|(k, _)| k == key).map(|(_, a)| *a).collect()
     }
 
+    /// The trace context each start of `key` was given.
+    pub(crate) fn traceparents_of(&self, key: &IdempotencyKey) -> Vec<Option<String>> {
+        self.traceparents.lock().unwrap().iter().filter(|(k, _)| k == key).map(|(_, t)| t.clone()).collect()
+    }
+
     pub(crate) fn alert_count(&self) -> usize {
         self.alerts.lock().unwrap().len()
+    }
+
+    /// The handlers running now of one tenant (id / 100).
+    pub(crate) fn running_now(&self, tenant: u32) -> usize {
+        self.running.lock().unwrap().get(&tenant).map_or(0, |(now, _)| *now)
     }
 
     /// The most handlers that ran at once: of one tenant (id / 100), of an order key ([`ORDER`]
@@ -268,6 +280,7 @@ impl Script {
 
     async fn handle(&self, job: Probe, ctx: JobContext) -> Result<u32, JobError> {
         self.starts.lock().unwrap().push((ctx.key.clone(), ctx.attempt));
+        self.traceparents.lock().unwrap().push((ctx.key.clone(), ctx.traceparent.clone()));
         self.start_times.lock().unwrap().push(tokio::time::Instant::now());
         let _running = Running::start(self, job.id);
         let delay = *self.delay.lock().unwrap();

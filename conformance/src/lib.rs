@@ -16,7 +16,8 @@
 //! control: a handler's "not now", a timeout per kind, a paused kind, a circuit breaker through an
 //! outage, a rate limit, and concurrency limits per kind and per key (kept in the ledger's flow
 //! store, shared by every worker), order per key through a failure, and priorities. Then replays
-//! settled by their job (failed again, and amended), and the cancel of a queued job.
+//! settled by their job (failed again, and amended), the cancel of a queued job, and the producer's
+//! trace context carried to the handler and kept by the failure record.
 //!
 //! | # | scenario | the invariant |
 //! |---|---|---|
@@ -66,6 +67,10 @@
 //! | 44 | [`replay_failed_again`] | a replay whose job fails again: the old record names the new one and the new one it, never confirmed; the new one's replay confirmed |
 //! | 45 | [`amended_replay`] | a replay with a corrected payload under the same keys: audited, run once with it, both payloads kept, confirmed; a plain enqueue of another payload still a `KeyConflict`; refused where the backend cannot amend |
 //! | 46 | [`cancel`] | a queued or scheduled job cancelled by id or key: never runs, stays cancelled with its audit, its key taken; refused where jobs are not listed |
+//! | 47 | [`cancel_running`] | a replayed job cancelled closes its record; a running job cancelled is stopped at its next renewal and ends cancelled with its audit, no effect, its key taken; a cancel asked of a job that then fails for good is spent, its replay runs |
+//! | 48 | [`cancel_key_in_ledger`] | where jobs are not listed (a broker's), a key cancelled in the effect ledger: its message completes unrun, a handler running it is stopped, no effect; a replay so withdrawn closes its record; a done key refused |
+//! | 49 | [`trace_context`] | a producer's `traceparent`, alone and in a batch, reaches the handler; a failure record and its alert keep its trace id; an invalid one refused at enqueue |
+//! | 50 | [`forget_key`] | a key forgotten after its failure record and alert: its payload nowhere, no record open, nothing left to forget again; enqueued again it runs once |
 //!
 //! # Running it against your backend
 //!
@@ -80,12 +85,17 @@
 //! async fn my_backend() -> Subject<MemoryBackend, MemoryBackend> {
 //!     // Replace with your backend, created fresh for each test.
 //!     let backend = MemoryBackend::new();
-//!     let probe = backend.clone();
+//!     let (probe, forgetter) = (backend.clone(), backend.clone());
 //!     Subject::new(backend.clone(), backend, Timing::default())
 //!         // How `purge_forgets` looks into the backend's storage for a payload.
 //!         .storage(move |text| {
 //!             let probe = probe.clone();
 //!             async move { probe.holds_text(&text) }
+//!         })
+//!         // How `forget_key` forgets a key: `Forget` on the store (and the ledger, if apart).
+//!         .forget(move |key| {
+//!             let backend = forgetter.clone();
+//!             async move { redrive_core::Forget::forget_key(&backend, &key).await }
 //!         })
 //! }
 //!
@@ -107,6 +117,7 @@ mod faults;
 mod flaky;
 mod flow;
 pub mod flow_store;
+mod forget;
 mod frozen;
 mod harness;
 mod leases;
@@ -122,6 +133,7 @@ mod replays;
 mod scenarios;
 mod schedule;
 mod settling;
+mod trace;
 
 use std::fmt;
 use std::future::Future;
@@ -134,21 +146,23 @@ pub use control::{key_concurrency, kind_concurrency, outage_storm, paused_kind, 
 pub use faults::*;
 pub use flaky::FlakyStore;
 pub use flow::{not_now, timeout};
+pub use forget::forget_key;
 pub use harness::{Effect, OTHER_KIND, OtherProbe, PROBE_KIND, Probe};
 pub use leases::{dead_worker, graceful_shutdown, slow_handler, stale_lease, stranded_claims};
 pub use limits::*;
-pub use live::cancel;
+pub use live::{cancel, cancel_key_in_ledger, cancel_running};
 pub use order::ordered_through_failure;
 pub use priority::priorities;
 pub use process::{EnqueueJobs, hang_until_killed, is_killed_child, kill_worker_mid_job};
 pub use receipts::*;
 pub use records::check_record_store;
 use redrive_core::kit::Claim;
-use redrive_core::{DeadLetter, Enqueue, IdempotencyKey, MemoryBackend, Replay};
+use redrive_core::{DeadLetter, Enqueue, Forget, Forgotten, IdempotencyKey, MemoryBackend, Replay};
 pub use replays::{amended_replay, replay_failed_again};
 pub use scenarios::*;
 pub use schedule::{expired, scheduled};
 pub use settling::settle_retried;
+pub use trace::trace_context;
 
 /// What a queue must implement to be tested.
 pub trait Queue: Enqueue + Claim + DeadLetter + Replay + Clone + 'static {}
@@ -177,6 +191,11 @@ impl Default for Timing {
 /// purged payload is gone.
 pub type Storage = Arc<dyn Fn(String) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
+/// Forgets a key everywhere the backend keeps it ([`Forget::forget_key`] on its store, and on
+/// the ledger where that is another): how [`forget_key`] forgets.
+pub type Forgetter =
+    Arc<dyn Fn(IdempotencyKey) -> Pin<Box<dyn Future<Output = redrive_core::Result<Forgotten>> + Send>> + Send + Sync>;
+
 /// A backend under test: fresh, isolated storage for one scenario.
 #[derive(Clone)]
 pub struct Subject<Q, L> {
@@ -188,12 +207,14 @@ pub struct Subject<Q, L> {
     pub timing: Timing,
     /// A look into the backend's storage; [`purge_forgets`] fails without one.
     pub storage: Option<Storage>,
+    /// How to forget a key; [`forget_key`] fails without one.
+    pub forget: Option<Forgetter>,
 }
 
 impl<Q, L> Subject<Q, L> {
     /// A subject on `queue` and `ledger`.
     pub fn new(queue: Q, ledger: L, timing: Timing) -> Self {
-        Self { queue, ledger, timing, storage: None }
+        Self { queue, ledger, timing, storage: None, forget: None }
     }
 
     /// Says how to look for a text in the backend's storage (a payload left behind).
@@ -203,6 +224,17 @@ impl<Q, L> Subject<Q, L> {
         Fut: Future<Output = bool> + Send + 'static,
     {
         self.storage = Some(Arc::new(move |text| Box::pin(holds_text(text))));
+        self
+    }
+
+    /// Says how to forget a key everywhere the backend keeps it: [`Forget::forget_key`] on the
+    /// store (a broker's records store), summed with the ledger's where that is another.
+    pub fn forget<F, Fut>(mut self, forget: F) -> Self
+    where
+        F: Fn(IdempotencyKey) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = redrive_core::Result<Forgotten>> + Send + 'static,
+    {
+        self.forget = Some(Arc::new(move |key| Box::pin(forget(key))));
         self
     }
 }
@@ -217,10 +249,16 @@ impl<Q, L> fmt::Debug for Subject<Q, L> {
 pub fn memory() -> Subject<MemoryBackend, MemoryBackend> {
     let backend = MemoryBackend::new();
     let probe = backend.clone();
-    Subject::new(backend.clone(), backend, Timing::default()).storage(move |text| {
-        let probe = probe.clone();
-        async move { probe.holds_text(&text) }
-    })
+    let forgetter = backend.clone();
+    Subject::new(backend.clone(), backend, Timing::default())
+        .storage(move |text| {
+            let probe = probe.clone();
+            async move { probe.holds_text(&text) }
+        })
+        .forget(move |key| {
+            let backend = forgetter.clone();
+            async move { backend.forget_key(&key).await }
+        })
 }
 
 /// Where each key ended.
@@ -299,7 +337,7 @@ pub fn check(outcome: Outcome) {
 }
 
 /// The scenario names, in order.
-pub const SCENARIOS: [&str; 46] = [
+pub const SCENARIOS: [&str; 50] = [
     "replay",
     "race",
     "exhaust",
@@ -346,6 +384,10 @@ pub const SCENARIOS: [&str; 46] = [
     "replay_failed_again",
     "amended_replay",
     "cancel",
+    "cancel_running",
+    "cancel_key_in_ledger",
+    "trace_context",
+    "forget_key",
 ];
 
 /// Writes every scenario as a named `#[tokio::test]`s, each given a fresh subject from
@@ -359,7 +401,8 @@ macro_rules! suite {
             alert_delivery no_payload_in_logs purge_forgets racing_replays reminders expired scheduled
             settle_retried payload_limits no_receipt_in_logs atomic_batch claim_by_kind crash_refunds max_delay
             not_now timeout paused_kind outage_storm rate_limited kind_concurrency key_concurrency
-            ordered_through_failure priorities replay_failed_again amended_replay cancel);
+            ordered_through_failure priorities replay_failed_again amended_replay cancel
+            cancel_running cancel_key_in_ledger trace_context forget_key);
     };
     (@each $subject:expr; $($name:ident)*) => {
         $(
@@ -394,5 +437,6 @@ pub fn sample_record(n: u32, payload: serde_json::Value) -> redrive_core::Failur
         state: redrive_core::RecordState::Open,
         replay_of: None,
         amended: None,
+        trace_id: None,
     }
 }

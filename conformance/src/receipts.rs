@@ -79,6 +79,12 @@ impl<T: Claim> Renew for Watched<T> {
         self.tokens.watch(&renewed.token);
         Ok(renewed)
     }
+    async fn renew_settling(&self, lease: &Lease, by: Duration) -> R<Lease> {
+        let renewal = self.inner.renewal().expect("offered only where the inner backend renews");
+        let renewed = renewal.renew_settling(lease, by).await?;
+        self.tokens.watch(&renewed.token);
+        Ok(renewed)
+    }
 }
 
 impl<T: Ledger> Ledger for Watched<T> {
@@ -103,6 +109,14 @@ impl<T: Ledger> Ledger for Watched<T> {
     }
     async fn finish(&self, hold: &Hold, result: &Value) -> R<()> {
         self.inner.finish(hold, result).await
+    }
+    async fn cancel_effect(
+        &self,
+        key: &redrive_core::IdempotencyKey,
+        reason: &str,
+        actor: &str,
+    ) -> R<redrive_core::CancelOutcome> {
+        self.inner.cancel_effect(key, reason, actor).await
     }
     fn flow(&self) -> Option<&impl redrive_core::Flow> {
         self.inner.flow()

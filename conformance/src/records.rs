@@ -71,9 +71,12 @@ pub async fn check_record_store(store: &impl RecordStore) {
     // The error text: without case, its `%` and `_` as themselves.
     let quota = redrive_core::FailureRecord {
         last_error: "Quota at 100% for tenant a_b".into(),
+        // And the failing trace, kept as written.
+        trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
         ..record(3, serde_json::json!({"parcel": 3}))
     };
     assert_eq!(store.keep_records(queue, std::slice::from_ref(&quota)).await.unwrap(), 1);
+    assert_eq!(store.record(queue, &quota.id).await.unwrap().trace_id, quota.trace_id, "the trace id is kept");
     let by_error = |text: &str| FailureQuery { error_contains: Some(text.to_owned()), ..FailureQuery::default() };
     for (text, expected) in [
         ("CARRIER rejected", vec![&records[0].id, &records[1].id]),

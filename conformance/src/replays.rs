@@ -150,7 +150,7 @@ pub async fn amended_replay<Q: Queue, L: Ledger + Clone + 'static>(subject: Subj
 }
 
 /// The one open record of probe `id`.
-async fn open_record_of<Q: Queue, L: Ledger + Clone + 'static>(
+pub(crate) async fn open_record_of<Q: Queue, L: Ledger + Clone + 'static>(
     run: &Run<Q, L>,
     id: u32,
 ) -> Result<FailureRecord, crate::Violation> {

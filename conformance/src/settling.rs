@@ -122,4 +122,8 @@ impl<Q: Claim> Renew for Busy<Q> {
         let renewal = self.inner.renewal().expect("offered only where the inner queue renews");
         renewal.renew(lease, by).await
     }
+    async fn renew_settling(&self, lease: &Lease, by: Duration) -> R<Lease> {
+        let renewal = self.inner.renewal().expect("offered only where the inner queue renews");
+        renewal.renew_settling(lease, by).await
+    }
 }

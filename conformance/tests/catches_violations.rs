@@ -116,8 +116,21 @@ enum Fault {
     CancelIgnored,
     /// Declares no live jobs (`DeclaresLess`), yet lists and cancels them.
     ListsAnyway,
+    /// A running job's cancel is kept, yet its renewal answers as if renewed: the handler is
+    /// never told to stop.
+    StopIgnored,
+    /// The ledger answers a cancel of a key as done, and keeps nothing: its message runs.
+    LedgerCancelIgnored,
     /// Enqueue drops a job's priority: claims take the jobs oldest first, whatever their priority.
     IgnoresPriority,
+    /// Enqueue drops a job's trace context, as a store without the column would: handlers get
+    /// none, and records keep no trace id.
+    DropsTraceparent,
+    /// A record reads back without its trace id, as a record read without the column would.
+    RecordForgetsTrace,
+    /// A dead letter keeps the trace of the job as it was claimed, not as it was handed over:
+    /// the failing attempt's trace (with the `otel` feature) is lost.
+    TracesAsClaimed,
 }
 
 impl Broken {
@@ -183,6 +196,10 @@ impl Broken {
         if !self.has(Fault::AcceptsUnordered) {
             // The order and priority checks alone: the size is the other faults' business.
             job.check_fits(&Capabilities { max_payload: usize::MAX, ..self.capabilities() })?;
+        }
+        if self.has(Fault::DropsTraceparent) {
+            // Checked, then not stored.
+            job.traceparent = None;
         }
         Ok(Some(job))
     }
@@ -273,6 +290,10 @@ impl Claim for Broken {
         self.0.release(lease).await
     }
     async fn dead_letter(&self, job: &Claimed, error: &str) -> Result<Option<FailureRecord>> {
+        if self.has(Fault::TracesAsClaimed) {
+            let claimed = self.2.lock().unwrap().get(&job.lease.token).cloned().expect("a job claimed here");
+            return self.0.dead_letter(&claimed, error).await;
+        }
         if self.has(Fault::ErrorQuotesPayload) {
             return self.0.dead_letter(job, &format!("{error}: {}", job.job.payload)).await;
         }
@@ -280,6 +301,9 @@ impl Claim for Broken {
     }
     async fn confirm_replay(&self, record: &FailureId) -> Result<()> {
         self.0.confirm_replay(record).await
+    }
+    async fn withdraw_replay(&self, record: &FailureId, cancel: &redrive_core::Cancellation) -> Result<()> {
+        self.0.withdraw_replay(record, cancel).await
     }
     fn renewal(&self) -> Option<&impl Renew> {
         Some(self)
@@ -291,6 +315,12 @@ impl Renew for Broken {
         if self.has(Fault::RenewalsLie) {
             return Ok(lease.clone());
         }
+        if self.has(Fault::StopIgnored) {
+            return match self.0.renew(lease, by).await {
+                Err(e) if e.kind() == redrive_core::ErrorKind::Cancelled => Ok(lease.clone()),
+                other => other,
+            };
+        }
         let by = if self.has(Fault::ShortLease) { by / 4 } else { by };
         self.0.renew(lease, by).await
     }
@@ -299,6 +329,9 @@ impl Renew for Broken {
 impl Broken {
     /// `record` as this backend reads it back.
     fn stored(&self, mut record: FailureRecord) -> FailureRecord {
+        if self.has(Fault::RecordForgetsTrace) {
+            record.trace_id = None;
+        }
         if self.has(Fault::ReplayForgetsWho)
             && let RecordState::Replaying { reason, actor, .. } | RecordState::Confirmed { reason, actor, .. } =
                 &mut record.state
@@ -435,6 +468,13 @@ impl Ledger for Broken {
     }
     async fn finish(&self, hold: &Hold, result: &Value) -> Result<()> {
         self.0.finish(hold, result).await
+    }
+    async fn cancel_effect(&self, key: &IdempotencyKey, reason: &str, actor: &str) -> Result<CancelOutcome> {
+        if self.has(Fault::LedgerCancelIgnored) {
+            redrive_core::kit::require_cancel_audit(reason, actor)?;
+            return Ok(CancelOutcome::Cancelled);
+        }
+        self.0.cancel_effect(key, reason, actor).await
     }
 }
 
@@ -580,6 +620,36 @@ async fn a_purge_that_keeps_payloads_fails_purge_forgets() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forget_that_keeps_the_record_fails_forget_key() {
+    // Answers that it forgot the record, and forgets nothing.
+    let subject =
+        broken(&[], timing()).forget(|_key| async { Ok(redrive_core::Forgotten { jobs: 1, records: 1, ledger: 1 }) });
+    let violation = redrive_conformance::forget_key(subject).await.unwrap_err();
+    assert!(violation.message.contains("nowhere"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forget_that_keeps_the_key_taken_fails_forget_key() {
+    // Purges the records (which frees a failed key), but keeps a done key's ledger entry.
+    let backend = MemoryBackend::new();
+    let store = backend.clone();
+    let subject = Subject::new(backend.clone(), backend.clone(), timing())
+        .storage(move |text| {
+            let probe = store.clone();
+            async move { probe.holds_text(&text) }
+        })
+        .forget(move |_key| {
+            let backend = backend.clone();
+            async move {
+                let purged = redrive_core::DeadLetter::purge(&backend, Duration::ZERO).await?;
+                Ok(redrive_core::Forgotten { jobs: 0, records: purged, ledger: 0 })
+            }
+        });
+    let violation = redrive_conformance::forget_key(subject).await.unwrap_err();
+    assert!(violation.message.contains("done key") || violation.message.contains("free to begin"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_that_does_not_check_the_record_fails_racing_replays() {
     let violation = redrive_conformance::racing_replays(broken(&[Fault::ReplayUnchecked], timing())).await.unwrap_err();
     assert!(violation.message.contains("put the job back once"), "{violation}");
@@ -675,6 +745,30 @@ async fn a_cancel_that_leaves_the_job_queued_fails_cancel() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_job_never_told_to_stop_fails_cancel_running() {
+    let violation = redrive_conformance::cancel_running(broken(&[Fault::StopIgnored], timing())).await.unwrap_err();
+    assert!(
+        ["to end cancelled", "was not stopped", "should be refused as Cancelled"]
+            .iter()
+            .any(|m| violation.message.contains(m)),
+        "{violation}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_cancel_that_keeps_nothing_fails_cancel_key_in_ledger() {
+    let subject = broken(&[Fault::DeclaresLess, Fault::LedgerCancelIgnored], timing());
+    let violation = redrive_conformance::cancel_key_in_ledger(subject).await.unwrap_err();
+    assert!(violation.message.contains("a second cancel should change nothing"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_declares_less_gets_a_ledger_cancel_that_holds() {
+    let subject = broken(&[Fault::DeclaresLess], timing());
+    redrive_conformance::check(redrive_conformance::cancel_key_in_ledger(subject).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listing_jobs_while_declaring_none_fails_cancel() {
     let subject = broken(&[Fault::DeclaresLess, Fault::ListsAnyway], timing());
     let violation = redrive_conformance::cancel(subject).await.unwrap_err();
@@ -706,6 +800,25 @@ async fn taking_priorities_without_keeping_them_fails_priorities() {
     let subject = broken(&[Fault::DeclaresLess, Fault::AcceptsUnordered], timing());
     let violation = redrive_conformance::priorities(subject).await.unwrap_err();
     assert!(violation.message.contains("should be refused with InvalidInput"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_traceparent_fails_trace_context() {
+    let violation = redrive_conformance::trace_context(broken(&[Fault::DropsTraceparent], timing())).await.unwrap_err();
+    assert!(violation.message.contains("should see the traceparent it was enqueued with"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_keeps_the_claimed_trace_fails_trace_context() {
+    let violation = redrive_conformance::trace_context(broken(&[Fault::TracesAsClaimed], timing())).await.unwrap_err();
+    assert!(violation.message.contains("the failing attempt's, in place of its producer's"), "{violation}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_read_without_its_trace_id_fails_trace_context() {
+    let violation =
+        redrive_conformance::trace_context(broken(&[Fault::RecordForgetsTrace], timing())).await.unwrap_err();
+    assert!(violation.message.contains("should keep its trace id"), "{violation}");
 }
 
 /// The memory backend behind a [`Broken`] takes payloads four times the declared limit, so that

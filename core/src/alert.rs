@@ -24,7 +24,9 @@ pub struct Alert {
 }
 
 impl Alert {
-    /// One line for a person: kind, key, attempts, record id and the last error. No payload.
+    /// One line for a person: kind, key, attempts, record id, the last error and, where the
+    /// record keeps one, the failing attempt's trace id (to look up in the tracing backend). No
+    /// payload.
     pub fn summary(&self) -> String {
         let r = &self.record;
         let reminder = match self.reminder {
@@ -34,8 +36,9 @@ impl Alert {
                 format!("reminder {n}, still open after {hours:.1} h: ")
             }
         };
+        let trace = r.trace_id.as_ref().map(|id| format!(", trace {id}")).unwrap_or_default();
         format!(
-            "[{:?}] {reminder}job `{}` failed for good after {}/{} attempts: key {}, record {}, last error: {}",
+            "[{:?}] {reminder}job `{}` failed for good after {}/{} attempts: key {}, record {}{trace}, last error: {}",
             r.severity, r.kind, r.attempts, r.cap, r.key, r.id, r.last_error
         )
     }
@@ -79,6 +82,13 @@ pub trait AlertSink: Send + Sync + 'static {
         tracing::error!(kind = %alert.kind, "{}", alert.summary());
         Box::pin(std::future::ready(Ok(())))
     }
+
+    /// What the sink is (`"tracing"`, `"webhook"`; `"custom"` unless a sink says): kept with
+    /// each alert it delivered, so that `redrive doctor` can tell records whose alert only
+    /// reached the log.
+    fn name(&self) -> &'static str {
+        "custom"
+    }
 }
 
 /// Routes by severity: [`at_least`](AlertSinkExt::at_least) passes on only the alerts of records
@@ -118,6 +128,10 @@ impl<S: AlertSink> AlertSink for AtLeast<S> {
     /// A paused kind stops all of its jobs, whatever their severity: always passed on.
     fn paused<'a>(&'a self, alert: &'a PauseAlert) -> BoxFuture<'a, Result<()>> {
         self.sink.paused(alert)
+    }
+
+    fn name(&self) -> &'static str {
+        self.sink.name()
     }
 }
 
@@ -174,9 +188,14 @@ impl AlertSink for TracingAlerts {
         tracing::error!(
             record = %r.id, job_id = %r.job_id, kind = %r.kind, key = %r.key,
             attempts = r.attempts, severity = ?r.severity, last_error = %r.last_error,
+            trace_id = r.trace_id.as_deref(),
             "failure record written"
         );
         Box::pin(async { Ok(()) })
+    }
+
+    fn name(&self) -> &'static str {
+        "tracing"
     }
 }
 
@@ -224,6 +243,10 @@ mod webhook {
 
         fn paused<'a>(&'a self, alert: &'a PauseAlert) -> BoxFuture<'a, Result<()>> {
             Box::pin(self.post(alert.summary()))
+        }
+
+        fn name(&self) -> &'static str {
+            "webhook"
         }
     }
 
@@ -279,6 +302,7 @@ mod tests {
                 state: RecordState::Open,
                 replay_of: None,
                 amended: None,
+                trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
             },
             raised_at: now,
             reminder: 0,
@@ -310,6 +334,7 @@ mod tests {
         let body: serde_json::Value = serde_json::from_str(request.split("\r\n\r\n").nth(1).unwrap()).unwrap();
         let text = body["text"].as_str().unwrap();
         assert!(text.contains("send_receipt:order=42") && text.contains("5/5"), "{text}");
+        assert!(text.contains("trace 4bf92f3577b34da6a3ce929d0e0e4736"), "the alert leads to the trace: {text}");
         assert!(!request.contains("secret@example.com"), "the payload never leaves in an alert");
     }
 

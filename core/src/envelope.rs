@@ -45,6 +45,10 @@ pub struct Envelope {
     /// replay, absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_of: Option<FailureId>,
+    /// The producer's trace context, a W3C `traceparent`. Absent: none. One that is not a valid
+    /// trace context is dropped at decode (the job runs, untraced), as W3C asks of a receiver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
     /// The job's payload.
     pub payload: Value,
 }
@@ -63,6 +67,7 @@ impl Envelope {
             deadline: job.deadline,
             not_before: job.not_before,
             replay_of: job.replay_of.clone(),
+            traceparent: job.traceparent.clone(),
             payload: job.payload.clone(),
         }
     }
@@ -81,6 +86,7 @@ impl Envelope {
             deadline: job.deadline,
             not_before: job.not_before,
             replay_of: job.replay_of.clone(),
+            traceparent: job.traceparent.clone(),
             payload: job.payload.clone(),
         }
     }
@@ -106,6 +112,7 @@ impl Envelope {
             stranded: 0,
             undecodable,
             replay_of: self.replay_of,
+            traceparent: self.traceparent,
         }
     }
 
@@ -123,7 +130,7 @@ impl Envelope {
     pub fn decode(body: &[u8]) -> Result<Self> {
         let not_an_envelope =
             |why: &str| Error::new(ErrorKind::Decode, format!("the message body is not a redrive envelope: {why}"));
-        let envelope: Self = crate::decode::body(body).map_err(|e| not_an_envelope(&e))?;
+        let mut envelope: Self = crate::decode::body(body).map_err(|e| not_an_envelope(&e))?;
         if envelope.v != ENVELOPE_VERSION {
             return Err(not_an_envelope(&format!(
                 "version {} is not supported (this worker reads version {ENVELOPE_VERSION})",
@@ -131,6 +138,8 @@ impl Envelope {
             )));
         }
         check_name("job kind", &envelope.kind).map_err(|e| not_an_envelope(e.message()))?;
+        // A producer's broken trace context costs the job its trace, not its run.
+        envelope.traceparent = envelope.traceparent.filter(|t| crate::trace::invalid(t).is_none());
         Ok(envelope)
     }
 }
@@ -200,6 +209,30 @@ mod tests {
     }
 
     #[test]
+    fn a_traceparent_travels_and_old_envelopes_still_decode() {
+        const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let key = IdempotencyKey::builder("ship").fact("parcel", 9).build().unwrap();
+        let job = NewJob::new("ship", key, json!({"parcel": 9})).unwrap();
+        assert!(!Envelope::new(&job).encode().contains("traceparent"), "no field without a context");
+        let body = Envelope::new(&job.with_traceparent(TRACEPARENT).unwrap()).encode();
+        assert!(body.contains(&format!("\"traceparent\":\"{TRACEPARENT}\"")), "{body}");
+        let back = Envelope::decode(body.as_bytes()).unwrap();
+        assert_eq!(back.traceparent.as_deref(), Some(TRACEPARENT));
+        let claimed = back.clone().into_job(JobId("m-9".into()), 2, None);
+        assert_eq!(claimed.trace_id(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        assert_eq!(Envelope::from_job(&claimed), back, "sent on with its context");
+        // An envelope written before the field (the documented example's shape) has none.
+        let old = br#"{"v":1,"kind":"ship","key":"ship:parcel=9","provider_key":"6f1c1d2e-8c1b-4a57-9a3e-2f0d6c1b7e11",
+            "cap":5,"enqueued_at":"2026-11-29T19:00:00.000Z","payload":{"parcel":9}}"#;
+        assert_eq!(Envelope::decode(old).unwrap().traceparent, None);
+        // A broken context is dropped, and the job still decodes.
+        let mut broken = serde_json::from_str::<Value>(&body).unwrap();
+        broken["traceparent"] = json!("00-zz-00f067aa0ba902b7-01");
+        let env = Envelope::decode(broken.to_string().as_bytes()).unwrap();
+        assert_eq!((env.traceparent, env.key.as_str()), (None, "ship:parcel=9"));
+    }
+
+    #[test]
     fn a_deadline_travels_to_the_millisecond_and_is_absent_without_one() {
         let key = IdempotencyKey::builder("typing").fact("chat", 7).build().unwrap();
         let job = NewJob::new("typing", key, json!({})).unwrap();
@@ -212,6 +245,6 @@ mod tests {
 }
 
 debug_redacted!(Envelope {
-    show: [v, kind, key, provider_key, cap, severity, enqueued_at, deadline, not_before, replay_of],
+    show: [v, kind, key, provider_key, cap, severity, enqueued_at, deadline, not_before, replay_of, traceparent],
     hide: [payload]
 });

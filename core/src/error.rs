@@ -31,9 +31,11 @@ pub enum ErrorKind {
     /// The payload holds what the backend cannot store or send as it is (a NUL character in
     /// PostgreSQL's `jsonb`), refused before anything is sent rather than changed.
     InvalidPayload,
-    /// The backend cannot do this: a broker cannot list or cancel the jobs it holds, and a
-    /// running job cannot be cancelled yet.
+    /// The backend cannot do this: a broker cannot list or cancel the jobs it holds.
     Unsupported,
+    /// A person cancelled the job while it ran ([`Jobs::cancel_job`](crate::Jobs::cancel_job)):
+    /// its lease is not renewed, and its worker stops the handler. Settling it ends it cancelled.
+    Cancelled,
 }
 
 /// Whether trying the same call again can succeed.

@@ -153,6 +153,9 @@ pub struct NewJob {
     pub replay_of: Option<crate::backend::FailureId>,
     /// Claimed before the ready jobs of lower priorities (see [`Job::priority`]).
     pub priority: i16,
+    /// The producer's trace context, a W3C `traceparent` (see [`with_traceparent`](Self::with_traceparent)).
+    /// With the `otel` feature, [`new`](Self::new) fills it from the current `tracing` span.
+    pub traceparent: Option<String>,
 }
 
 impl NewJob {
@@ -189,7 +192,30 @@ impl NewJob {
             order_key: None,
             replay_of: None,
             priority: 0,
+            traceparent: current_traceparent(),
         })
+    }
+
+    /// Carries the producer's trace context with the job, a W3C `traceparent`
+    /// (`00-<trace id>-<parent id>-<flags>`: version 00, a 32-hex trace id and a 16-hex parent id
+    /// not all zeros, 2-hex flags, lower case), else [`ErrorKind::InvalidInput`]. The job's span
+    /// follows it (with the `otel` feature) and its failure record keeps its trace id
+    /// ([`FailureRecord::trace_id`](crate::FailureRecord::trace_id)).
+    pub fn with_traceparent(mut self, traceparent: impl Into<String>) -> Result<Self> {
+        let traceparent = traceparent.into();
+        self.check_traceparent(Some(&traceparent))?;
+        self.traceparent = Some(traceparent);
+        Ok(self)
+    }
+
+    fn check_traceparent(&self, traceparent: Option<&str>) -> Result<()> {
+        match traceparent.and_then(crate::trace::invalid) {
+            None => Ok(()),
+            Some(why) => Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("the traceparent of job {} is not a W3C trace context: {why}", self.key),
+            )),
+        }
     }
 
     /// Runs the job after every earlier job of `order` (see [`Job::order_key`]): 1 to
@@ -281,7 +307,8 @@ impl NewJob {
     /// ([`ErrorKind::InvalidInput`]: run out of order, the job would break the promise its order
     /// key makes), a priority outside [`PRIORITIES`], or other than 0 where claims ignore
     /// priorities ([`ErrorKind::InvalidInput`]: the documented pattern there is a queue per
-    /// priority).
+    /// priority), a [`traceparent`](Self::traceparent) that is not a W3C trace context
+    /// ([`ErrorKind::InvalidInput`]).
     pub fn check_fits(&self, capabilities: &crate::kit::Capabilities) -> Result<()> {
         self.check_size(capabilities.max_payload)?;
         if self.order_key.is_some() && !capabilities.order_per_key {
@@ -297,6 +324,8 @@ impl NewJob {
             // The field is public: `with_priority` is not the only way to set it.
             return self.clone().with_priority(self.priority).map(|_| ());
         }
+        // As public: stored, it must read back as a trace context.
+        self.check_traceparent(self.traceparent.as_deref())?;
         if self.priority != 0 && !capabilities.priorities {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
@@ -321,6 +350,19 @@ impl NewJob {
             ));
         }
         Ok(())
+    }
+}
+
+/// The current `tracing` span's OpenTelemetry context as a `traceparent`: what a new job carries
+/// with the `otel` feature. `None` without it, and where the span has no context.
+fn current_traceparent() -> Option<String> {
+    #[cfg(feature = "otel")]
+    {
+        crate::trace::otel::traceparent_of(&tracing::Span::current())
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        None
     }
 }
 
@@ -414,6 +456,17 @@ pub struct JobRecord {
     /// broker's message): settled, the job confirms that record ([`Claim::confirm_replay`](crate::kit::Claim::confirm_replay))
     /// or its new record names it. `None` where the backend keeps the link itself.
     pub replay_of: Option<crate::backend::FailureId>,
+    /// The producer's trace context ([`NewJob::traceparent`]), where the job carries one.
+    pub traceparent: Option<String>,
+}
+
+impl JobRecord {
+    /// The trace id (32 hex digits) of the job's [`traceparent`](Self::traceparent), if it has
+    /// a valid one: what its failure record keeps as
+    /// [`FailureRecord::trace_id`](crate::FailureRecord::trace_id).
+    pub fn trace_id(&self) -> Option<&str> {
+        self.traceparent.as_deref().and_then(crate::trace::trace_id)
+    }
 }
 
 /// What a handler knows about the job it runs.
@@ -434,6 +487,9 @@ pub struct JobContext {
     /// An earlier attempt started the effect and did not finish: it may have reached the
     /// provider, so send the provider key and expect the provider to dedupe.
     pub earlier_attempt_pending: bool,
+    /// The producer's trace context, a W3C `traceparent`, where the job carries one. With the
+    /// `otel` feature the handler already runs in the job's span, which follows it.
+    pub traceparent: Option<String>,
 }
 
 /// Why a handler did not finish, and what should happen next.
@@ -578,6 +634,46 @@ mod tests {
     }
 
     #[test]
+    fn a_traceparent_is_refused_unless_it_is_a_w3c_trace_context() {
+        let key = IdempotencyKey::builder("k").fact("a", 1).build().unwrap();
+        let job = NewJob::new("k", key, json!({})).unwrap();
+        assert_eq!(job.traceparent, None, "no span, no context");
+        let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let traced = job.clone().with_traceparent(good).unwrap();
+        assert_eq!(traced.traceparent.as_deref(), Some(good));
+        assert!(traced.check_fits(&crate::kit::Capabilities::default()).is_ok());
+        for bad in [
+            "",
+            "not a traceparent",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        ] {
+            let err = job.clone().with_traceparent(bad).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad:?}");
+            assert!(err.to_string().contains("not a W3C trace context"), "{err}");
+            // Set by hand, the field is refused at enqueue all the same.
+            let by_hand = NewJob { traceparent: Some(bad.to_owned()), ..job.clone() };
+            let err = by_hand.check_fits(&crate::kit::Capabilities::default()).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_job_record_reads_its_trace_id() {
+        let key = IdempotencyKey::builder("k").fact("a", 1).build().unwrap();
+        let new = NewJob::new("k", key, json!({})).unwrap();
+        let mut job = crate::kit::Envelope::new(&new).into_job(JobId("1".into()), 1, None);
+        assert_eq!(job.trace_id(), None);
+        job.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
+        assert_eq!(job.trace_id(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        job.traceparent = Some("garbage".into());
+        assert_eq!(job.trace_id(), None, "an invalid one has none");
+    }
+
+    #[test]
     fn oversized_payloads_are_refused() {
         let key = IdempotencyKey::builder("k").fact("a", 1).build().unwrap();
         let job = NewJob::new("k", key, json!({"blob": "x".repeat(100)})).unwrap();
@@ -601,7 +697,7 @@ mod tests {
 }
 
 debug_redacted!(NewJob {
-    show: [kind, key, provider_key, cap, severity, deadline, not_before, order_key, priority, replay_of],
+    show: [kind, key, provider_key, cap, severity, deadline, not_before, order_key, priority, replay_of, traceparent],
     hide: [payload]
 });
 debug_redacted!(JobRecord {
@@ -619,7 +715,8 @@ debug_redacted!(JobRecord {
         not_before,
         stranded,
         undecodable,
-        replay_of
+        replay_of,
+        traceparent
     ],
     hide: [payload],
 });

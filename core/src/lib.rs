@@ -60,6 +60,7 @@
 pub mod alert;
 mod backend;
 mod decode;
+pub mod doctor;
 mod envelope;
 pub mod error;
 pub mod job;
@@ -68,6 +69,7 @@ pub mod memory;
 pub mod policy;
 mod records;
 mod redact;
+mod trace;
 pub mod worker;
 
 #[cfg(feature = "webhook")]
@@ -75,8 +77,9 @@ pub use alert::WebhookAlerts;
 pub use alert::{Alert, AlertSink, AlertSinkExt, BoxFuture, PauseAlert, TracingAlerts};
 pub use backend::{
     BREAKER, Blocked, CancelOutcome, Cancellation, Counts, DeadLetter, Enqueue, EnqueueExt, Enqueued, FailureId,
-    FailureQuery, FailureRecord, Flow, FlowAction, FlowEvent, JobQuery, JobState, Jobs, JobsExt, KindFlow, Limits,
-    LiveJob, Paused, QueueStats, QueueStatsExt, Rate, RecordState, Replay, ReplayExt, ReplayOutcome, Running,
+    FailureQuery, FailureRecord, Flow, FlowAction, FlowEvent, Forget, Forgotten, JobQuery, JobState, Jobs, JobsExt,
+    KindFlow, Limits, LiveJob, Paused, QueueStats, QueueStatsExt, Rate, RecordState, Replay, ReplayExt, ReplayOutcome,
+    Running,
 };
 pub use error::{Error, ErrorKind, Result, Retry};
 pub use job::{

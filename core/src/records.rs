@@ -74,6 +74,16 @@ pub trait RecordStore: Send + Sync + 'static {
     /// Returns whether it changed.
     fn confirm_record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<bool>>;
 
+    /// Closes a replaying record (or one still taken by its replay) as `discarded`, a
+    /// [`RecordState::Discarded`]: its replayed job was cancelled and will never settle it. A
+    /// record in any other state is left as it is. Returns whether it changed.
+    fn discard_replaying<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a FailureId,
+        discarded: &'a RecordState,
+    ) -> BoxFuture<'a, Result<bool>>;
+
     /// Deletes records (any state) whose last failure is older than `age`, payloads included;
     /// returns how many.
     fn purge_records<'a>(&'a self, queue: &'a str, age: Duration) -> BoxFuture<'a, Result<u64>>;

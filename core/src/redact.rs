@@ -50,6 +50,7 @@ mod tests {
             stranded: 0,
             undecodable: None,
             replay_of: None,
+            traceparent: None,
         };
         let lease = Lease { job_id: job.id.clone(), token: CANARY.into() };
         let hold =
@@ -71,6 +72,7 @@ mod tests {
             state: RecordState::Open,
             replay_of: None,
             amended: Some(json!({ "card": CANARY })),
+            trace_id: None,
         };
         let envelope = Envelope::new(&new);
         for debug in [

@@ -489,6 +489,7 @@ mod tests {
             state,
             replay_of: None,
             amended: None,
+            trace_id: None,
         }
     }
 

@@ -153,6 +153,10 @@ struct JobView {
     key: String,
     state: String,
     cancellable: bool,
+    /// Running: a cancel asks its worker to stop it.
+    is_running: bool,
+    /// "Cancelled", or "Cancel asked" of a running job.
+    cancel_label: &'static str,
     attempts: String,
     created: String,
     updated: String,
@@ -174,7 +178,10 @@ impl JobView {
             kind: j.kind.clone(),
             key: j.key.to_string(),
             state: j.state.to_string(),
-            cancellable: j.state.is_cancellable(),
+            // A running job asked to stop already has nothing more to cancel.
+            cancellable: j.state.is_cancellable() && j.cancelled.is_none(),
+            is_running: j.state == redrive_core::JobState::Running,
+            cancel_label: if j.state == redrive_core::JobState::Running { "Cancel asked" } else { "Cancelled" },
             attempts: format!("{} of {}", j.attempts, j.cap),
             created: time(j.created_at),
             updated: j.updated_at.map(time).unwrap_or_default(),
@@ -264,6 +271,11 @@ async fn show<B: Records>(State(app): Shared<B>, Path(id): Path<String>, Query(n
     let notice = match notice.done.as_str() {
         "cancelled" => Some("Cancelled: the job will not run, and its key stays taken.".to_owned()),
         "already" => Some("Already cancelled: nothing changed.".to_owned()),
+        "requested" => Some(
+            "Asked to stop: its worker stops the handler at its next lease renewal, and the job ends cancelled \
+             (unless it completes first)."
+                .to_owned(),
+        ),
         _ => None,
     };
     render(StatusCode::OK, JobPage { frame: frame(format!("Job {}", job.id)), j: JobView::of(&job), notice })
@@ -302,6 +314,10 @@ async fn cancel<B: Records>(
         Ok(CancelOutcome::Cancelled) => {
             tracing::info!(job = %id, by, "job cancelled from the dashboard");
             "cancelled"
+        }
+        Ok(CancelOutcome::Requested) => {
+            tracing::info!(job = %id, by, "running job asked to stop from the dashboard");
+            "requested"
         }
         Ok(CancelOutcome::AlreadyCancelled(_)) => "already",
         Err(e) if e.kind() == ErrorKind::Unsupported => return problem(StatusCode::CONFLICT, e.to_string()),

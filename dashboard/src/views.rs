@@ -199,6 +199,8 @@ pub(crate) struct RecordView {
     pub(crate) next: Option<String>,
     /// The payload an amended replay sent, pretty.
     pub(crate) amended: Option<String>,
+    /// The failing attempt's trace id, to look up in the tracing backend.
+    pub(crate) trace_id: Option<String>,
 }
 
 impl RecordView {
@@ -228,6 +230,7 @@ impl RecordView {
                 _ => None,
             },
             amended: r.amended.as_ref().map(|p| serde_json::to_string_pretty(p).unwrap_or_default()),
+            trace_id: r.trace_id.clone(),
         }
     }
 }

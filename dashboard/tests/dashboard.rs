@@ -18,7 +18,13 @@ fn client() -> reqwest::Client {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_reads_discards_and_replays_and_forged_posts_are_refused() {
     let db = database().await;
-    fail(&db, (1..=3).map(|n| job("ship", n, Severity::Error)).collect(), "carrier said <no>").await;
+    // The first with its producer's trace context, which its record keeps the trace id of.
+    let traced = |job: redrive_core::NewJob| {
+        job.with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap()
+    };
+    let ships = (1..=3).map(|n| job("ship", n, Severity::Error)).enumerate();
+    let ships = ships.map(|(i, job)| if i == 0 { traced(job) } else { job }).collect();
+    fail(&db, ships, "carrier said <no>").await;
     fail(&db, vec![job("charge", 9, Severity::Critical)], "card declined").await;
     let records = db.list(&FailureQuery::open()).await.unwrap();
     let url = serve(Dashboard::new(db.clone())).await;
@@ -38,6 +44,9 @@ async fn an_operator_reads_discards_and_replays_and_forged_posts_are_refused() {
     let page = http.get(format!("{url}/records/{id}")).send().await.unwrap().text().await.unwrap();
     assert!(page.contains("&#60;b&#62;parcel&#60;/b&#62; 1") && !page.contains("<b>parcel"), "{page}");
     assert!(page.contains("carrier said &#60;no&#62;"), "{page}");
+    assert!(page.contains("<code id=\"trace\">4bf92f3577b34da6a3ce929d0e0e4736</code>"), "the trace id: {page}");
+    let untraced = http.get(format!("{url}/records/{}", records[1].id)).send().await.unwrap().text().await.unwrap();
+    assert!(!untraced.contains("id=\"trace\""), "no trace row without one: {untraced}");
     let missing = http.get(format!("{url}/records/4242424242")).send().await.unwrap();
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
 

@@ -60,11 +60,19 @@ async fn an_operator_lists_and_cancels_jobs_and_forged_cancels_are_refused() {
     assert_eq!(blank.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(db.get_job(&JobId(id.clone())).await.unwrap().state, JobState::Queued, "nothing forged took effect");
 
-    // A running job: refused, and said why.
+    // A running job: its confirmation says what happens, and the cancel asks it to stop.
     let busy = format!("{url}/jobs/{running}/cancel");
-    let busy = http.post(&busy).form(&form(&token, "too late")).send().await.unwrap();
-    assert_eq!(busy.status(), StatusCode::CONFLICT);
-    assert!(busy.text().await.unwrap().contains("running: cannot cancel yet"));
+    let confirm_running = http.get(&busy).send().await.unwrap().text().await.unwrap();
+    assert!(confirm_running.contains("id=\"running-warning\""), "{confirm_running}");
+    let asked = http.post(&busy).form(&form(&token, "too late")).send().await.unwrap();
+    assert_eq!(asked.status(), StatusCode::SEE_OTHER);
+    assert_eq!(asked.headers()["location"], format!("/jobs/{running}?done=requested"));
+    let job = db.get_job(&JobId(running.clone())).await.unwrap();
+    assert_eq!(job.state, JobState::Running, "running until its worker stops it");
+    assert_eq!(job.cancelled.map(|c| c.reason), Some("too late".to_owned()));
+    let page = http.get(format!("{url}/jobs/{running}?done=requested")).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("Asked to stop") && page.contains("Cancel asked"), "{page}");
+    assert!(!page.contains("id=\"cancel\""), "a cancel asked already offers no second one: {page}");
 
     let done = http.post(&cancel).form(&form(&token, "order withdrawn")).send().await.unwrap();
     assert_eq!(done.status(), StatusCode::SEE_OTHER);

@@ -293,6 +293,8 @@ where
     let hold = match begun {
         Ok(Begin::Fresh(hold) | Begin::Resumed(hold)) => hold,
         Ok(Begin::Done(stored)) => return replay(stored),
+        // A person cancelled the key: the effect shall not happen, now or on a repeat.
+        Ok(Begin::Cancelled(_)) => return plain(StatusCode::CONFLICT, "this Idempotency-Key was cancelled"),
         Ok(Begin::Busy(left)) => {
             let mut response = plain(StatusCode::CONFLICT, "a request with this Idempotency-Key is still running");
             let seconds = left.as_secs_f64().ceil().max(1.0) as u64;

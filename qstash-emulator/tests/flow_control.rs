@@ -100,7 +100,9 @@ async fn get(emu: &RunningEmulator, path: &str) -> (u16, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallelism_caps_a_keys_deliveries_in_flight_and_the_rest_wait() {
     let emu = emulator().await;
-    let dest = SlowDestination::start(Duration::from_millis(500)).await;
+    // Each delivery takes long enough that none ends while the twelve are published and the key
+    // is read, even on a loaded machine (at 500 ms, two had ended there once).
+    let dest = SlowDestination::start(Duration::from_secs(2)).await;
     let fc = [("Upstash-Flow-Control-Key", "emails"), ("Upstash-Flow-Control-Value", "parallelism=2")];
     for _ in 0..8 {
         assert_eq!(publish(&emu, &dest.url("/limited"), &fc).await.0, 201);
@@ -116,8 +118,8 @@ async fn parallelism_caps_a_keys_deliveries_in_flight_and_the_rest_wait() {
     assert_eq!(key["parallelismCount"], json!(2), "{key}");
     assert_eq!(key["waitListSize"], json!(6), "the rest wait: {key}");
 
-    dest.wait_done("/limited", 8, Duration::from_secs(10)).await;
-    dest.wait_done("/free", 4, Duration::from_secs(10)).await;
+    dest.wait_done("/limited", 8, Duration::from_secs(30)).await;
+    dest.wait_done("/free", 4, Duration::from_secs(30)).await;
     let (peak, starts) = dest.seen("/limited");
     assert_eq!(peak, 2, "never more than 2 in flight, and the limit is used");
     assert_eq!(starts.len(), 8, "every message delivered once: waiting is not a failure");

@@ -216,6 +216,14 @@ impl Claim for AzureBackend {
         redrive_core::kit::broker::confirm_replay(self, record).await
     }
 
+    async fn withdraw_replay(
+        &self,
+        record: &redrive_core::FailureId,
+        cancel: &redrive_core::Cancellation,
+    ) -> Result<()> {
+        redrive_core::kit::broker::withdraw_replay(self, record, cancel).await
+    }
+
     fn renewal(&self) -> Option<&impl Renew> {
         Some(self)
     }

@@ -293,6 +293,14 @@ impl Backend for AzureBackend {
             priorities: false,
         }
     }
+
+    fn messaging_system(&self) -> Option<&'static str> {
+        Some("azure_queue_storage")
+    }
+
+    fn messaging_destination(&self) -> Option<String> {
+        Some(self.queue_name().to_owned())
+    }
 }
 
 /// What an envelope adds around a payload (names, key, provider key, times), kept out of

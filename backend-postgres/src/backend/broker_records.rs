@@ -180,6 +180,24 @@ impl RecordStore for PgBackend {
         })
     }
 
+    fn discard_replaying<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a FailureId,
+        discarded: &'a RecordState,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let discarded = q(&self.inner.sql.broker_discard_replaying)
+                .bind(queue)
+                .bind(&id.0)
+                .bind(serde_json::to_value(discarded).expect("a state serializes"))
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "discard a replaying record"))?;
+            Ok(discarded.is_some())
+        })
+    }
+
     fn purge_records<'a>(&'a self, queue: &'a str, age: Duration) -> BoxFuture<'a, Result<u64>> {
         Box::pin(async move {
             let purged: i64 = q(&self.inner.sql.broker_purge)

@@ -194,6 +194,7 @@ fn claimed_from(row: &PgRow) -> Result<Claimed> {
             undecodable: None,
             // Its completion confirms its replayed record in SQL.
             replay_of: None,
+            traceparent: row.get("traceparent"),
         },
         lease,
         begun: Some(begun),
@@ -268,6 +269,7 @@ impl Claim for PgBackend {
             .bind(id)
             .bind(token)
             .bind(error)
+            .bind(claimed.job.trace_id())
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(|e| db(e, "dead-letter"))?;
@@ -280,6 +282,14 @@ impl Claim for PgBackend {
         Ok(())
     }
 
+    async fn withdraw_replay(
+        &self,
+        _record: &redrive_core::FailureId,
+        _cancel: &redrive_core::Cancellation,
+    ) -> Result<()> {
+        Ok(())
+    }
+
     fn renewal(&self) -> Option<&impl Renew> {
         Some(self)
     }
@@ -287,7 +297,31 @@ impl Claim for PgBackend {
 
 impl Renew for PgBackend {
     async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
-        self.fenced(&self.inner.sql.extend, lease, |q| q.bind(by.as_secs_f64()), "extend lease").await?;
-        Ok(lease.clone())
+        self.extend(lease, by, true).await
+    }
+
+    async fn renew_settling(&self, lease: &Lease, by: Duration) -> Result<Lease> {
+        self.extend(lease, by, false).await
+    }
+}
+
+impl PgBackend {
+    /// A renewal; refused for a job a person cancelled if `heed_cancel`.
+    async fn extend(&self, lease: &Lease, by: Duration, heed_cancel: bool) -> Result<Lease> {
+        let extend = |q: FencedQuery| q.bind(by.as_secs_f64()).bind(heed_cancel);
+        match self.fenced(&self.inner.sql.extend, lease, extend, "extend lease").await {
+            Ok(()) => Ok(lease.clone()),
+            // Not renewed: lost, or held by a job a person cancelled (its worker stops it).
+            Err(e) if e.kind() == ErrorKind::LeaseLost => {
+                match self.fenced(&self.inner.sql.cancel_asked, lease, |q| q, "extend lease").await {
+                    Ok(()) => Err(Error::new(
+                        ErrorKind::Cancelled,
+                        format!("job {} was cancelled while it ran", lease.job_id),
+                    )),
+                    Err(_) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
     }
 }

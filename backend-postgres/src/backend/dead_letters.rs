@@ -68,6 +68,7 @@ pub(super) fn record_from(row: &PgRow) -> Result<FailureRecord> {
         state,
         replay_of: row.get::<Option<i64>, _>("replay_of").map(|id| FailureId(id.to_string())),
         amended: row.get("amended"),
+        trace_id: row.get("trace_id"),
     })
 }
 
@@ -224,5 +225,25 @@ impl PgBackend {
                 }
             }
         }
+    }
+}
+
+impl redrive_core::Forget for PgBackend {
+    async fn forget_key(&self, key: &redrive_core::IdempotencyKey) -> Result<redrive_core::Forgotten> {
+        let row = q(&self.inner.sql.forget_key)
+            .bind(key.as_str())
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "forget a key"))?;
+        if row.get::<bool, _>("running") {
+            return Err(redrive_core::Error::temporary(format!(
+                "a job of key {key} is running; forget it once it settles"
+            )));
+        }
+        let count = |column: &str| row.get::<i64, _>(column).max(0) as u64;
+        let forgotten =
+            redrive_core::Forgotten { jobs: count("jobs"), records: count("records"), ledger: count("ledger") };
+        tracing::info!(key = %key, jobs = forgotten.jobs, records = forgotten.records, "key forgotten");
+        Ok(forgotten)
     }
 }

@@ -25,7 +25,9 @@ fn job_from(row: &PgRow) -> Result<LiveJob> {
     let running = row
         .get::<Option<DateTime<Utc>>, _>("locked_until")
         .map(|lease_until| Running { since: Some(updated_at), lease_until });
-    let cancelled = row.get::<Option<DateTime<Utc>>, _>("cancelled_at").map(|at| Cancellation {
+    // Cancelled, or (running) a cancel asked of it.
+    let asked = row.get::<Option<DateTime<Utc>>, _>("cancel_requested_at").filter(|_| state == JobState::Running);
+    let cancelled = row.get::<Option<DateTime<Utc>>, _>("cancelled_at").or(asked).map(|at| Cancellation {
         at,
         reason: row.get::<Option<String>, _>("cancel_reason").unwrap_or_default(),
         actor: row.get::<Option<String>, _>("cancelled_by").unwrap_or_default(),
@@ -94,24 +96,32 @@ impl Jobs for PgBackend {
     async fn cancel_job(&self, id: &JobId, reason: &str, actor: &str) -> Result<CancelOutcome> {
         require_cancel_audit(reason, actor)?;
         let n = id.0.parse::<i64>().map_err(|_| no_job(id))?;
-        let row = q(&self.inner.sql.cancel_job)
-            .bind(n)
-            .bind(reason)
-            .bind(actor)
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "cancel job"))?;
-        if let Some(row) = row {
-            let (kind, key): (String, String) = (row.get("kind"), row.get("idempotency_key"));
-            info!(job_id = %id, kind, key, actor, "job cancelled");
-            return Ok(CancelOutcome::Cancelled);
+        // A job claimed (or put back) between the statement and the look after it reads neither
+        // queued nor running without a cancel, and is cancelled on a second try.
+        for _ in 0..3 {
+            let row = q(&self.inner.sql.cancel_job)
+                .bind(n)
+                .bind(reason)
+                .bind(actor)
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| db(e, "cancel job"))?;
+            if let Some(row) = row {
+                let (kind, key): (String, String) = (row.get("kind"), row.get("idempotency_key"));
+                if row.get("requested") {
+                    info!(job_id = %id, kind, key, actor, "running job asked to stop");
+                    return Ok(CancelOutcome::Requested);
+                }
+                info!(job_id = %id, kind, key, actor, "job cancelled");
+                return Ok(CancelOutcome::Cancelled);
+            }
+            // Neither queued nor running without a cancel: say what it is instead.
+            let job = self.get_job(id).await?;
+            check_cancel(id, job.state)?;
+            if let Some(cancelled) = job.cancelled {
+                return Ok(CancelOutcome::AlreadyCancelled(cancelled));
+            }
         }
-        // Not queued: say what it is instead.
-        let job = self.get_job(id).await?;
-        check_cancel(id, job.state)?;
-        match job.cancelled {
-            Some(cancelled) => Ok(CancelOutcome::AlreadyCancelled(cancelled)),
-            None => Err(Error::temporary(format!("job {id} changed while it was being cancelled; try again"))),
-        }
+        Err(Error::temporary(format!("job {id} kept changing while it was being cancelled; try again")))
     }
 }

@@ -3,10 +3,13 @@
 
 use std::time::Duration;
 
-use redrive_core::kit::{Begin, Claim, Hold, Ledger, Renew, payload_fingerprint};
-use redrive_core::{Error, ErrorKind, Flow, IdempotencyKey, ProviderKey, Result};
+use chrono::{DateTime, Utc};
+use redrive_core::kit::{Begin, Claim, Hold, Ledger, Renew, payload_fingerprint, require_cancel_audit};
+use redrive_core::{CancelOutcome, Cancellation, Error, ErrorKind, Flow, IdempotencyKey, ProviderKey, Result};
 use serde_json::Value;
 use sqlx::Row;
+use sqlx::postgres::PgRow;
+use tracing::info;
 use uuid::Uuid;
 
 use super::PgBackend;
@@ -38,12 +41,13 @@ impl Ledger for PgBackend {
             let hold = Hold { key: key.clone(), token: token.to_string(), provider_key: stored, lease: None };
             return Ok(if row.get::<bool, _>("fresh") { Begin::Fresh(hold) } else { Begin::Resumed(hold) });
         }
-        let row = q(&self.inner.sql.ledger_state)
-            .bind(key.as_str())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "ledger state"))?
+        let row = self
+            .ledger_state(key)
+            .await?
             .ok_or_else(|| Error::temporary(format!("key {key} changed while it was read")))?;
+        if let Some(cancel) = cancellation(&row) {
+            return Ok(Begin::Cancelled(cancel));
+        }
         if row.get::<String, _>("fingerprint") != *fingerprint {
             return Err(Error::new(ErrorKind::KeyConflict, format!("key {key} was used with a different payload")));
         }
@@ -65,8 +69,14 @@ impl Ledger for PgBackend {
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(|e| db(e, "ledger extend"))?;
-        row.map(|_| ())
-            .ok_or_else(|| Error::new(ErrorKind::LeaseLost, format!("key {} is no longer held here", hold.key)))
+        if row.is_some() {
+            return Ok(());
+        }
+        // Not extended: taken over, or cancelled by a person (its worker stops the handler).
+        if self.ledger_state(&hold.key).await?.as_ref().and_then(cancellation).is_some() {
+            return Err(Error::new(ErrorKind::Cancelled, format!("key {} was cancelled while it was held", hold.key)));
+        }
+        Err(Error::new(ErrorKind::LeaseLost, format!("key {} is no longer held here", hold.key)))
     }
 
     async fn release_hold(&self, hold: &Hold) -> Result<()> {
@@ -96,8 +106,54 @@ impl Ledger for PgBackend {
         Ok(())
     }
 
+    /// A mark in `processed_keys`: the workers whose ledger this schema is (a broker's, normally
+    /// the database of its records) complete the key's next delivery unrun.
+    async fn cancel_effect(&self, key: &IdempotencyKey, reason: &str, actor: &str) -> Result<CancelOutcome> {
+        require_cancel_audit(reason, actor)?;
+        let marked = q(&self.inner.sql.ledger_cancel)
+            .bind(key.as_str())
+            .bind(reason)
+            .bind(actor)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "ledger cancel"))?;
+        if marked.is_some() {
+            info!(key = %key, actor, "key cancelled in the effect ledger");
+            return Ok(CancelOutcome::Cancelled);
+        }
+        match self.ledger_state(key).await? {
+            Some(row) => match cancellation(&row) {
+                Some(before) => Ok(CancelOutcome::AlreadyCancelled(before)),
+                None => Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("the effect of key {key} is done: there is nothing left to cancel"),
+                )),
+            },
+            None => Err(Error::temporary(format!("key {key} changed while it was cancelled; try again"))),
+        }
+    }
+
     /// Paused kinds and limits in this schema's `flow_*` tables, shared by every worker using it.
     fn flow(&self) -> Option<&impl Flow> {
         Some(self)
     }
+}
+
+impl PgBackend {
+    async fn ledger_state(&self, key: &IdempotencyKey) -> Result<Option<PgRow>> {
+        q(&self.inner.sql.ledger_state)
+            .bind(key.as_str())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "ledger state"))
+    }
+}
+
+/// A cancelled key's cancel, from its `ledger_state` row.
+fn cancellation(row: &PgRow) -> Option<Cancellation> {
+    (row.get::<&str, _>("state") == "cancelled").then(|| Cancellation {
+        at: row.get::<Option<DateTime<Utc>>, _>("cancelled_at").unwrap_or_default(),
+        reason: row.get::<Option<String>, _>("cancel_reason").unwrap_or_default(),
+        actor: row.get::<Option<String>, _>("cancelled_by").unwrap_or_default(),
+    })
 }

@@ -19,6 +19,7 @@ use uuid::Uuid;
 mod broker_records;
 mod claim;
 mod dead_letters;
+mod doctor;
 mod flow;
 mod jobs;
 mod ledger;
@@ -145,6 +146,7 @@ impl PgBackend {
                 .bind(job.not_before)
                 .bind(job.order_key.as_deref())
                 .bind(job.priority)
+                .bind(job.traceparent.as_deref())
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(|e| db(e, "enqueue"))?;
@@ -336,6 +338,7 @@ impl Enqueue for PgBackend {
             .bind(jobs.iter().map(|j| j.not_before).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.order_key.clone()).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.traceparent.clone()).collect::<Vec<_>>())
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db(e, "batch enqueue"))?;
@@ -408,6 +411,15 @@ impl Backend for PgBackend {
             live_jobs: true,
             priorities: true,
         }
+    }
+
+    fn messaging_system(&self) -> Option<&'static str> {
+        Some("postgresql")
+    }
+
+    /// The schema: its jobs table is the queue.
+    fn messaging_destination(&self) -> Option<String> {
+        Some(self.schema().to_owned())
     }
 }
 

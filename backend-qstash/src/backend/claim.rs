@@ -126,6 +126,7 @@ impl QStashBackend {
                 retry_after: None,
                 non_retryable: true,
                 failed_at: Some(Utc::now().timestamp_millis()),
+                trace_id: d.job.trace_id().map(str::to_owned),
                 body: redrive_core::kit::broker::last_error(&error),
             });
         }
@@ -299,6 +300,9 @@ impl Claim for QStashBackend {
             retry_after: None,
             non_retryable: true,
             failed_at: Some(Utc::now().timestamp_millis()),
+            // The record is written from the entry's body later: the trace id it keeps (the
+            // failing attempt's, see `Claim::dead_letter`) travels in the answer's headers.
+            trace_id: job.job.trace_id().map(str::to_owned),
             body: redrive_core::kit::broker::last_error(error),
         };
         Self::answer(&d, verdict)?;
@@ -308,6 +312,14 @@ impl Claim for QStashBackend {
 
     async fn confirm_replay(&self, record: &redrive_core::FailureId) -> Result<()> {
         redrive_core::kit::broker::confirm_replay(self, record).await
+    }
+
+    async fn withdraw_replay(
+        &self,
+        record: &redrive_core::FailureId,
+        cancel: &redrive_core::Cancellation,
+    ) -> Result<()> {
+        redrive_core::kit::broker::withdraw_replay(self, record, cancel).await
     }
 
     fn renewal(&self) -> Option<&impl Renew> {

@@ -120,16 +120,33 @@ pub(crate) struct Verdict {
     pub(crate) retry_after: Option<Duration>,
     pub(crate) non_retryable: bool,
     pub(crate) failed_at: Option<i64>,
+    /// On a 489: the trace id the record keeps (`Redrive-Trace-Id`, kept in the entry's
+    /// `responseHeader` as `Redrive-Failed-At` is).
+    pub(crate) trace_id: Option<String>,
     pub(crate) body: String,
 }
 
 impl Verdict {
     pub(crate) fn ok() -> Self {
-        Self { status: 200, retry_after: None, non_retryable: false, failed_at: None, body: String::new() }
+        Self {
+            status: 200,
+            retry_after: None,
+            non_retryable: false,
+            failed_at: None,
+            trace_id: None,
+            body: String::new(),
+        }
     }
 
     pub(crate) fn again(status: u16, after: Duration, body: impl Into<String>) -> Self {
-        Self { status, retry_after: Some(after), non_retryable: false, failed_at: None, body: body.into() }
+        Self {
+            status,
+            retry_after: Some(after),
+            non_retryable: false,
+            failed_at: None,
+            trace_id: None,
+            body: body.into(),
+        }
     }
 }
 
@@ -215,6 +232,21 @@ impl QStashBackend {
         self.inner.api.publishes.load(Ordering::Relaxed)
     }
 
+    /// Deletes from QStash's DLQ the entries of `key`'s records, which QStash keeps, payload and
+    /// all, until a purge; the number of records whose entry is gone. Forgetting a key here is
+    /// this, then [`Forget::forget_key`](redrive_core::Forget::forget_key) on the records store:
+    /// in that order, or a later drain of the DLQ would make the records again.
+    pub async fn forget_dlq_entries(&self, key: &redrive_core::IdempotencyKey) -> Result<u64> {
+        let query = redrive_core::FailureQuery::by_key(key.clone());
+        let records = self.inner.core.records().records(self.inner.core.scope(), &query).await?;
+        // A record's id is its DLQ entry's.
+        let ids: Vec<String> = records.into_iter().map(|r| r.id.0).collect();
+        if !ids.is_empty() {
+            self.inner.api.dlq_delete(&ids).await?;
+        }
+        Ok(ids.len() as u64)
+    }
+
     /// Whether `text` is in a record, a DLQ entry or a delivery parked here (a test aid: a purge
     /// forgets payloads).
     #[cfg(feature = "test-hooks")]
@@ -294,6 +326,16 @@ impl Backend for QStashBackend {
             priorities: false,
         }
     }
+
+    fn messaging_system(&self) -> Option<&'static str> {
+        Some("qstash")
+    }
+
+    /// The QStash queue it publishes through, if any. Not the destination URL: a URL may carry
+    /// a secret in its query.
+    fn messaging_destination(&self) -> Option<String> {
+        self.inner.config.queue.clone()
+    }
 }
 
 impl Enqueue for QStashBackend {
@@ -351,3 +393,4 @@ impl QueueStats for QStashBackend {
 }
 
 pub(crate) const FAILED_AT_HEADER: &str = FAILED_AT;
+pub(crate) const TRACE_ID_HEADER: &str = dead::TRACE_ID;

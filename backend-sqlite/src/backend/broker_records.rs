@@ -246,6 +246,20 @@ impl RecordStore for SqliteBackend {
         })
     }
 
+    fn discard_replaying<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a FailureId,
+        discarded: &'a RecordState,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let mut tx = self.write().await?;
+            let closed = settle_replaying(&mut tx, queue, id, |_| Some(discarded.clone())).await?;
+            tx.commit().await.map_err(|e| db(e, "discard a replaying record"))?;
+            Ok(closed)
+        })
+    }
+
     fn purge_records<'a>(&'a self, queue: &'a str, age: Duration) -> BoxFuture<'a, Result<u64>> {
         Box::pin(async move {
             // In batches: the write lock held briefly, let go between them (see `CHUNK`).

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use chrono::Utc;
 use redrive_core::kit::{AttemptError, Begin, Claim, Claimed, Hold, Kinds, Lease, Renew};
-use redrive_core::{Error, FailureId, FailureRecord, JobId, JobRecord, ProviderKey, RecordState, Result, Severity};
+use redrive_core::{
+    Error, ErrorKind, FailureId, FailureRecord, JobId, JobRecord, ProviderKey, RecordState, Result, Severity,
+};
 use serde_json::Value;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
@@ -28,7 +30,10 @@ impl SqliteBackend {
         let token = Uuid::new_v4().to_string();
         let now = now_ms();
         let mut tx = self.write().await?;
-        q(sql::sweep).bind(now).execute(&mut *tx).await.map_err(|e| db(e, "sweep lapsed leases"))?;
+        let swept = q(sql::sweep).bind(now).fetch_all(&mut *tx).await.map_err(|e| db(e, "sweep lapsed leases"))?;
+        for row in &swept {
+            self.ended_cancelled(&mut tx, row).await?;
+        }
         let rows = q(sql::claim)
             .bind(now)
             .bind(ms(lease))
@@ -48,10 +53,35 @@ impl SqliteBackend {
 
     async fn give_back(&self, lease: &Lease, delay: Duration) -> Result<()> {
         let id = parse_id(&lease.job_id.0)?;
-        let query = q(sql::give_back).bind(id).bind(&lease.token).bind(now_ms() + ms(delay));
-        self.fenced(query, lease, "give back").await?;
+        let now = now_ms();
+        let query = q(sql::give_back).bind(id).bind(&lease.token).bind(now + ms(delay)).bind(now);
+        self.settle_cancellable(query, lease, "give back").await
+    }
+
+    /// Runs a fenced settlement that puts the job back, or ends it cancelled if a person
+    /// cancelled it while it ran; in one transaction with the close of the record it replays.
+    async fn settle_cancellable(
+        &self,
+        query: sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+        lease: &Lease,
+        what: &str,
+    ) -> Result<()> {
+        let mut tx = self.write().await?;
+        let row = query.fetch_optional(&mut *tx).await.map_err(|e| db(e, what))?;
+        let row = row.ok_or_else(|| lease_lost(lease))?;
+        self.ended_cancelled(&mut tx, &row).await?;
+        tx.commit().await.map_err(|e| db(e, what))?;
         self.wake();
         Ok(())
+    }
+
+    /// After a settlement's row: if it ended the job cancelled, closes the record it replays.
+    async fn ended_cancelled(&self, tx: &mut sqlx::SqliteConnection, row: &SqliteRow) -> Result<()> {
+        let Some(at) = row.get::<Option<i64>, _>("cancelled_at") else { return Ok(()) };
+        let reason = row.get::<Option<String>, _>("cancel_reason").unwrap_or_default();
+        let actor = row.get::<Option<String>, _>("cancelled_by").unwrap_or_default();
+        tracing::info!(job_id = row.get::<i64, _>("id"), "a job cancelled while it ran ended cancelled");
+        super::jobs::close_replay(tx, row.get("id"), at, &reason, &actor).await
     }
 }
 
@@ -100,6 +130,8 @@ fn read_claimed(row: &SqliteRow, id: &JobId, lease: &Lease) -> Result<Claimed> {
             undecodable: None,
             // Its completion confirms its replayed record in the same transaction.
             replay_of: None,
+            // A context that does not read costs the job its trace, not its run.
+            traceparent: column(row, "traceparent", "traceparent").unwrap_or_default(),
         },
         lease: lease.clone(),
         begun: Some(begun),
@@ -136,6 +168,7 @@ fn unreadable_job(row: &SqliteRow, id: JobId, why: String) -> JobRecord {
         stranded: 0,
         undecodable: Some(why),
         replay_of: None,
+        traceparent: column(row, "traceparent", "traceparent").unwrap_or_default(),
     }
 }
 
@@ -184,10 +217,9 @@ impl Claim for SqliteBackend {
             .bind(&lease.token)
             .bind(now_ms() + ms(delay))
             .bind(time(now_ms()).to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-            .bind(error.to_owned());
-        self.fenced(query, lease, "retry").await?;
-        self.wake();
-        Ok(())
+            .bind(error.to_owned())
+            .bind(now_ms());
+        self.settle_cancellable(query, lease, "retry").await
     }
 
     async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
@@ -236,6 +268,7 @@ impl Claim for SqliteBackend {
             .bind(now.timestamp_millis())
             // Named below, once the replayed record is linked to this one.
             .bind(None::<i64>)
+            .bind(claimed.job.trace_id())
             .fetch_one(&mut *tx)
             .await
             .map_err(|e| db(e, "write the failure record"))?;
@@ -282,12 +315,21 @@ impl Claim for SqliteBackend {
             state: RecordState::Open,
             replay_of: linked,
             amended: None,
+            trace_id: claimed.job.trace_id().map(str::to_owned),
         }))
     }
 
     /// Never asked: its jobs carry no `replay_of`, their completion confirms the record in the
     /// same transaction.
     async fn confirm_replay(&self, _record: &redrive_core::FailureId) -> Result<()> {
+        Ok(())
+    }
+
+    async fn withdraw_replay(
+        &self,
+        _record: &redrive_core::FailureId,
+        _cancel: &redrive_core::Cancellation,
+    ) -> Result<()> {
         Ok(())
     }
 
@@ -298,8 +340,32 @@ impl Claim for SqliteBackend {
 
 impl Renew for SqliteBackend {
     async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
+        self.extend(lease, by, true).await
+    }
+
+    async fn renew_settling(&self, lease: &Lease, by: Duration) -> Result<Lease> {
+        self.extend(lease, by, false).await
+    }
+}
+
+impl SqliteBackend {
+    /// A renewal; refused for a job a person cancelled if `heed_cancel`.
+    async fn extend(&self, lease: &Lease, by: Duration, heed_cancel: bool) -> Result<Lease> {
         let id = parse_id(&lease.job_id.0)?;
-        self.fenced(q(sql::extend).bind(id).bind(&lease.token).bind(now_ms() + ms(by)), lease, "extend lease").await?;
-        Ok(lease.clone())
+        let extend = q(sql::extend).bind(id).bind(&lease.token).bind(now_ms() + ms(by)).bind(heed_cancel);
+        match self.fenced(extend, lease, "extend lease").await {
+            Ok(()) => Ok(lease.clone()),
+            // Not renewed: lost, or held by a job a person cancelled (its worker stops it).
+            Err(e) if e.kind() == ErrorKind::LeaseLost => {
+                match self.fenced(q(sql::cancel_asked).bind(id).bind(&lease.token), lease, "extend lease").await {
+                    Ok(()) => Err(Error::new(
+                        ErrorKind::Cancelled,
+                        format!("job {} was cancelled while it ran", lease.job_id),
+                    )),
+                    Err(_) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
     }
 }

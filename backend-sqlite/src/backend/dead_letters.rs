@@ -69,6 +69,7 @@ fn record_from(row: &SqliteRow) -> Result<FailureRecord> {
         state,
         replay_of: row.get::<Option<i64>, _>("replay_of").map(|id| FailureId(id.to_string())),
         amended: row.get::<Option<String>, _>("amended").map(payload_as_stored),
+        trace_id: row.get("trace_id"),
     })
 }
 
@@ -277,5 +278,34 @@ impl SqliteBackend {
         tx.commit().await.map_err(|e| db(e, "commit replay"))?;
         self.wake();
         Ok(ReplayOutcome::Replayed(record.job_id))
+    }
+}
+
+impl redrive_core::Forget for SqliteBackend {
+    async fn forget_key(&self, key: &redrive_core::IdempotencyKey) -> Result<redrive_core::Forgotten> {
+        let key_text = key.as_str();
+        let step = |e| db(e, "forget a key");
+        let mut tx = self.write().await?;
+        if q(sql::forget_running).bind(key_text).fetch_optional(&mut *tx).await.map_err(step)?.is_some() {
+            return Err(Error::temporary(format!("a job of key {key} is running; forget it once it settles")));
+        }
+        let mut records: Vec<String> = Vec::new();
+        for statement in [sql::forget_records, sql::forget_broker_records] {
+            let rows = q(statement).bind(key_text).fetch_all(&mut *tx).await.map_err(step)?;
+            records.extend(rows.iter().map(|row| row.get::<String, _>("id")));
+        }
+        let mut ledger = 0;
+        for record in &records {
+            ledger += q(sql::purge_alerts).bind(record).execute(&mut *tx).await.map_err(step)?.rows_affected();
+        }
+        for statement in [sql::forget_ledger_key, sql::forget_effect] {
+            ledger += q(statement).bind(key_text).execute(&mut *tx).await.map_err(step)?.rows_affected();
+        }
+        let jobs = q(sql::forget_job).bind(key_text).execute(&mut *tx).await.map_err(step)?.rows_affected();
+        tx.commit().await.map_err(|e| db(e, "commit forgetting a key"))?;
+        // A forgotten failed job may have held its order key's next job back.
+        self.wake();
+        tracing::info!(key = %key, jobs, records = records.len(), "key forgotten");
+        Ok(redrive_core::Forgotten { jobs, records: records.len() as u64, ledger })
     }
 }

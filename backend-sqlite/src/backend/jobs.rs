@@ -26,7 +26,9 @@ fn job_from(row: &SqliteRow) -> Result<LiveJob> {
         .filter(|_| state == JobState::Running)
         // The claim's time is not kept on SQLite.
         .map(|expires| Running { since: None, lease_until: time(expires) });
-    let cancelled = row.get::<Option<i64>, _>("cancelled_at").map(|at| Cancellation {
+    // Cancelled, or (running) a cancel asked of it.
+    let asked = row.get::<Option<i64>, _>("cancel_requested_at").filter(|_| state == JobState::Running);
+    let cancelled = row.get::<Option<i64>, _>("cancelled_at").or(asked).map(|at| Cancellation {
         at: time(at),
         reason: row.get::<Option<String>, _>("cancel_reason").unwrap_or_default(),
         actor: row.get::<Option<String>, _>("cancelled_by").unwrap_or_default(),
@@ -107,18 +109,27 @@ impl Jobs for SqliteBackend {
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| db(e, "cancel job"))?;
-        if row.is_some() {
-            // A replayed job's record will never be settled by it: closed with the cancel.
-            q(sql::cancel_replay)
+        let asked = match &row {
+            Some(_) => {
+                close_replay(&mut tx, n, now, reason, actor).await?;
+                None
+            }
+            // Not queued: running, it is asked to stop.
+            None => q(sql::cancel_ask)
                 .bind(n)
                 .bind(now)
                 .bind(reason.to_owned())
                 .bind(actor.to_owned())
-                .execute(&mut *tx)
+                .fetch_optional(&mut *tx)
                 .await
-                .map_err(|e| db(e, "cancel job"))?;
-        }
+                .map_err(|e| db(e, "cancel job"))?,
+        };
         tx.commit().await.map_err(|e| db(e, "cancel job"))?;
+        if let Some(row) = asked {
+            let (kind, key): (String, String) = (row.get("kind"), row.get("idempotency_key"));
+            info!(job_id = %id, kind, key, actor, "running job asked to stop");
+            return Ok(CancelOutcome::Requested);
+        }
         if let Some(row) = row {
             let (kind, key): (String, String) = (row.get("kind"), row.get("idempotency_key"));
             info!(job_id = %id, kind, key, actor, "job cancelled");
@@ -128,7 +139,7 @@ impl Jobs for SqliteBackend {
             }
             return Ok(CancelOutcome::Cancelled);
         }
-        // Not queued: say what it is instead.
+        // Neither queued nor running without a cancel: say what it is instead.
         let job = self.get_job(id).await?;
         check_cancel(id, job.state)?;
         match job.cancelled {
@@ -136,4 +147,24 @@ impl Jobs for SqliteBackend {
             None => Err(Error::temporary(format!("job {id} changed while it was being cancelled; try again"))),
         }
     }
+}
+
+/// Closes the record that job `id`, cancelled at `at` (ms) for `reason` by `actor`, replays, if
+/// any: its job will never settle it.
+pub(super) async fn close_replay(
+    tx: &mut sqlx::SqliteConnection,
+    id: i64,
+    at: i64,
+    reason: &str,
+    actor: &str,
+) -> Result<()> {
+    q(sql::cancel_replay)
+        .bind(id)
+        .bind(at)
+        .bind(reason.to_owned())
+        .bind(actor.to_owned())
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db(e, "close the record of a cancelled job"))?;
+    Ok(())
 }

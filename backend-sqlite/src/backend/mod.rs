@@ -250,6 +250,7 @@ async fn enqueue_on(conn: &mut SqliteConnection, job: &NewJob, fingerprint: &str
         .bind(job.not_before.map(|at| at.timestamp_millis()))
         .bind(job.order_key.as_deref())
         .bind(job.priority)
+        .bind(job.traceparent.as_deref())
         .fetch_optional(&mut *conn)
         .await
         .map_err(|e| db(e, "enqueue"))?;
@@ -286,6 +287,10 @@ impl Backend for SqliteBackend {
             live_jobs: true,
             priorities: true,
         }
+    }
+
+    fn messaging_system(&self) -> Option<&'static str> {
+        Some("sqlite")
     }
 }
 

@@ -23,8 +23,10 @@ use redrive_core::{
 use serde_json::Value;
 use tracing::warn;
 
+mod alarm;
 mod claim;
 mod dead_letters;
+mod doctor;
 mod message;
 
 use self::dead_letters::carried_job;
@@ -137,53 +139,18 @@ impl SqsBackend {
         check_queue_name(&config.queue)?;
         let requests = Arc::new(AtomicU64::new(0));
         let client = config.client(&requests).await;
-        let source_url = queue_url(&client, &config.queue).await?;
-        let attrs = queue_attributes(&client, &source_url).await?;
-        let policy = attrs.get(&QueueAttributeName::RedrivePolicy).ok_or_else(|| {
-            config_error(format!(
-                "queue {} has no redrive policy: a worker crashing on the last attempt would lose the job",
-                config.queue
-            ))
-        })?;
-        let policy: Value =
-            serde_json::from_str(policy).map_err(|_| config_error("the queue's redrive policy is not JSON"))?;
-        let dlq_arn =
-            policy["deadLetterTargetArn"].as_str().ok_or_else(|| config_error("redrive policy without a target"))?;
-        let max_receive_count = match &policy["maxReceiveCount"] {
-            Value::Number(n) => n.as_u64(),
-            Value::String(s) => s.parse().ok(),
-            _ => None,
+        let facts = doctor::Facts::read(&client, &config.queue).await?;
+        if let Some(refusal) = facts.refusal() {
+            return Err(refusal);
         }
-        .ok_or_else(|| config_error("redrive policy without maxReceiveCount"))? as u32;
-        let dlq_name = dlq_arn.rsplit(':').next().unwrap_or_default();
-        let dlq_url = queue_url(&client, dlq_name)
-            .await
-            .map_err(|_| config_error(format!("the dead-letter queue {dlq_name} does not exist")))?;
-        let dlq_attrs = queue_attributes(&client, &dlq_url).await?;
-        let retention = |a: &HashMap<QueueAttributeName, String>| {
-            a.get(&QueueAttributeName::MessageRetentionPeriod).and_then(|v| v.parse::<u64>().ok()).unwrap_or(345_600)
-        };
-        // A message moved by the redrive policy keeps its first enqueue time, so the DLQ must keep
-        // messages longer than the source did (AWS's guidance), not just as long.
-        if retention(&dlq_attrs) <= retention(&attrs) {
-            return Err(config_error(format!(
-                "the dead-letter queue keeps messages {} s, not longer than the source's {} s: records would expire \
-                 before anyone reads them",
-                retention(&dlq_attrs),
-                retention(&attrs)
-            )));
-        }
+        let max_receive_count = doctor::max_receive_count(&facts.source);
         let size = |a: &HashMap<QueueAttributeName, String>| {
             a.get(&QueueAttributeName::MaximumMessageSize).and_then(|v| v.parse::<usize>().ok()).unwrap_or(262_144)
         };
-        if size(&dlq_attrs) < size(&attrs) {
-            return Err(config_error(format!(
-                "the dead-letter queue takes messages up to {} bytes, less than the source's {}: a job's failure \
-                 record might not fit",
-                size(&dlq_attrs),
-                size(&attrs)
-            )));
-        }
+        let (source_url, attrs) = (facts.source_url, facts.source);
+        let Some((dlq_url, dlq_attrs)) = facts.dlq else {
+            return Err(config_error("the dead-letter queue does not exist"));
+        };
         // Records are kept under the source queue's ARN: unique across regions and accounts.
         let scope = attrs.get(&QueueAttributeName::QueueArn).cloned().unwrap_or_else(|| source_url.clone());
         let core = BrokerCore::new(Arc::new(records), scope);
@@ -533,6 +500,15 @@ impl Backend for SqsBackend {
             // priority than 0 is refused, and the pattern is a queue per priority (RUNBOOK.md).
             priorities: false,
         }
+    }
+
+    fn messaging_system(&self) -> Option<&'static str> {
+        Some("aws_sqs")
+    }
+
+    /// The source queue's name, the last part of its URL.
+    fn messaging_destination(&self) -> Option<String> {
+        self.queue_url().rsplit('/').next().map(str::to_owned)
     }
 }
 

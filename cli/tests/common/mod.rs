@@ -30,6 +30,15 @@ pub async fn database() -> PgBackend {
     backend
 }
 
+/// The Azure account of the tests: `AZURE_STORAGE_CONNECTION_STRING` (Azurite's, set by
+/// `scripts/services env`), else Azurite's development account.
+pub fn azure_account() -> redrive_azure::AzureConfig {
+    match std::env::var("AZURE_STORAGE_CONNECTION_STRING") {
+        Ok(text) => redrive_azure::AzureConfig::from_connection_string(&text).expect("a valid connection string"),
+        Err(_) => redrive_azure::AzureConfig::development(),
+    }
+}
+
 pub fn sqs_endpoint() -> String {
     std::env::var("REDRIVE_SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".into())
 }

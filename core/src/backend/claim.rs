@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{Backend, Begin, FailureId, FailureRecord};
+use super::{Backend, Begin, Cancellation, FailureId, FailureRecord};
 use crate::error::Result;
 use crate::job::{JobId, JobRecord};
 use crate::redact::debug_redacted;
@@ -87,6 +87,10 @@ pub trait Claim: Backend {
     /// Ends the job as a failure record with the full payload, `error` as the last error and
     /// the attempts used. Returns the record, or `None` where the service writes it later and
     /// assigns its id then (QStash); either way the worker's alert pass finds it.
+    ///
+    /// The record keeps the trace id of `job.job`'s `traceparent` as handed over here
+    /// ([`JobRecord::trace_id`]), not as stored: the worker hands the job over with the failing
+    /// attempt's own trace context there where its span has one (the `otel` feature).
     fn dead_letter(&self, job: &Claimed, error: &str) -> impl Future<Output = Result<Option<FailureRecord>>> + Send;
 
     /// Closes the failure record `record` as confirmed: the job that replays it
@@ -97,6 +101,15 @@ pub trait Claim: Backend {
     /// confirms the record itself never set `replay_of` and answer `Ok`; a broker backend answers
     /// with [`confirm_replay`](crate::kit::broker::confirm_replay); a wrapper passes it on.
     fn confirm_replay(&self, record: &FailureId) -> impl Future<Output = Result<()>> + Send;
+
+    /// Closes the failure record `record` as discarded with the cancel's who and why: the job
+    /// that replays it ([`JobRecord::replay_of`]) was withdrawn unrun, its key cancelled in the
+    /// effect ledger ([`Ledger::cancel_effect`](crate::kit::Ledger::cancel_effect)), so nothing
+    /// will ever settle it. Idempotent, like [`confirm_replay`](Self::confirm_replay). Backends
+    /// whose own cancel closes the record never set `replay_of` and answer `Ok`; a broker backend
+    /// answers with [`withdraw_replay`](crate::kit::broker::withdraw_replay); a wrapper passes it
+    /// on.
+    fn withdraw_replay(&self, record: &FailureId, cancel: &Cancellation) -> impl Future<Output = Result<()>> + Send;
 
     /// Lease renewal, where the backend has it (see [`Renew`]). Without it, jobs are claimed on
     /// the worker's full lease and a handler that outlives it is cancelled before its key's hold
@@ -113,6 +126,15 @@ pub trait Renew: Send + Sync {
     /// one, or a new token where the backend changes it on every update (Azure's pop receipt).
     /// A renewal also marks the job started (see [`Capabilities::crash_refunds`](super::Capabilities::crash_refunds)).
     fn renew(&self, lease: &Lease, by: Duration) -> impl Future<Output = Result<Lease>> + Send;
+
+    /// Extends the lease of a job whose handler is done while its settlement is written (a
+    /// stalled database, a settlement tried again): as [`renew`](Self::renew), but a cancel asked
+    /// of the job does not refuse it, because the settlement decides now (a completion wins over
+    /// the cancel; anything else ends it cancelled). Backends whose renewal never answers
+    /// [`Cancelled`](crate::ErrorKind::Cancelled) keep this default.
+    fn renew_settling(&self, lease: &Lease, by: Duration) -> impl Future<Output = Result<Lease>> + Send {
+        self.renew(lease, by)
+    }
 }
 
 /// The [`Renew`] of a backend that has none; it cannot be made.

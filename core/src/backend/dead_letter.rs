@@ -193,6 +193,14 @@ pub struct FailureRecord {
     /// stays as the job failed with it: both are kept for the audit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amended: Option<Value>,
+    /// The trace id (32 hex digits) of the failing attempt, where there is one, so that an alert
+    /// leads to the failing trace: with the `otel` feature, the trace of the attempt's own span
+    /// (on a retry, a trace of its own that links to the producer's); otherwise, or where the
+    /// span has no OpenTelemetry context, the trace of the job's `traceparent`. Taken from the
+    /// job handed to [`Claim::dead_letter`](crate::kit::Claim::dead_letter) (see
+    /// [`JobRecord::trace_id`](crate::JobRecord::trace_id)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -457,7 +465,8 @@ debug_redacted!(FailureRecord {
         first_failed_at,
         last_failed_at,
         state,
-        replay_of
+        replay_of,
+        trace_id
     ],
     hide: [payload, amended],
 });

@@ -50,9 +50,9 @@ impl JobState {
         }
     }
 
-    /// Whether a job in this state can be cancelled: it has not been claimed.
+    /// Whether a job in this state can be cancelled: it has not finished.
     pub fn is_cancellable(self) -> bool {
-        matches!(self, Self::Queued | Self::Scheduled)
+        matches!(self, Self::Queued | Self::Scheduled | Self::Running)
     }
 }
 
@@ -124,7 +124,8 @@ pub struct LiveJob {
     pub running: Option<Running>,
     /// The failed attempts of this run so far, oldest first.
     pub errors: Vec<AttemptError>,
-    /// A cancelled job's audit.
+    /// A cancelled job's audit; on a running job, the cancel asked of it (its worker stops the
+    /// handler at its next lease renewal, unless the handler completes first).
     pub cancelled: Option<Cancellation>,
 }
 
@@ -175,7 +176,11 @@ impl JobQuery {
 pub enum CancelOutcome {
     /// The job was queued or scheduled; it is cancelled now and will never run.
     Cancelled,
-    /// It was cancelled before; nothing changed.
+    /// The job is running: its worker is asked to stop it. At its next lease renewal (within a
+    /// heartbeat) the worker drops the handler and the job ends cancelled, unless the handler
+    /// completes first: a completed effect is never undone, and the job then reads done.
+    Requested,
+    /// It was cancelled before (or a cancel of it, running, was asked before); nothing changed.
     AlreadyCancelled(Cancellation),
 }
 
@@ -191,23 +196,42 @@ pub trait Jobs: Send + Sync {
 
     /// Cancels a queued or scheduled job, keeping why, who and when on the job: it never runs,
     /// and its key stays taken (an enqueue of it answers a duplicate of the cancelled job) until
-    /// the job is pruned with the done jobs. A blank `reason` or `actor` is refused
-    /// ([`InvalidInput`](crate::ErrorKind::InvalidInput)); a running job is refused
-    /// ([`Unsupported`](crate::ErrorKind::Unsupported): its handler would have to be stopped), a
-    /// done or failed one too ([`InvalidInput`](crate::ErrorKind::InvalidInput)); none
-    /// is [`NotFound`](crate::ErrorKind::NotFound).
+    /// the job is pruned with the done jobs. A running job is asked to stop
+    /// ([`CancelOutcome::Requested`]): its lease renewal answers
+    /// [`Cancelled`](crate::ErrorKind::Cancelled), its worker drops the handler, and whatever
+    /// settles it next (a retry, a release, its lease's lapse) ends it cancelled; only a
+    /// completion or a failure record wins over it. A blank `reason` or `actor` is refused
+    /// ([`InvalidInput`](crate::ErrorKind::InvalidInput)), a done or failed job too; none is
+    /// [`NotFound`](crate::ErrorKind::NotFound).
     fn cancel_job(&self, id: &JobId, reason: &str, actor: &str) -> impl Future<Output = Result<CancelOutcome>> + Send;
+
+    /// Cancels the job of `key` (see [`Jobs::cancel_job`]); [`NotFound`](crate::ErrorKind::NotFound)
+    /// if the key has none. Returns the job's id with the outcome. A backend that cannot list its
+    /// jobs but keeps a ledger beside them (a broker's records database, as
+    /// `redrive::any::AnyBackend` opens it) marks the key there instead
+    /// ([`Ledger::cancel_effect`](crate::kit::Ledger::cancel_effect)), and answers without a job id.
+    fn cancel_key(
+        &self,
+        key: &IdempotencyKey,
+        reason: &str,
+        actor: &str,
+    ) -> impl Future<Output = Result<(Option<JobId>, CancelOutcome)>> + Send {
+        let query = JobQuery { key: Some(key.clone()), limit: 1, ..JobQuery::default() };
+        async move {
+            require_cancel_audit(reason, actor)?;
+            let job = self.list_jobs(&query).await?.into_iter().next();
+            let job = job.ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no job with key {key}")))?;
+            let outcome = self.cancel_job(&job.id, reason, actor).await?;
+            Ok((Some(job.id), outcome))
+        }
+    }
 }
 
-/// Checks a cancel's audit and refuses a job that cannot be cancelled in `state`: what every
-/// backend's [`Jobs::cancel_job`] does before it changes anything.
+/// Refuses a cancel of a job that cannot be cancelled in `state` (a finished one): what every
+/// backend's [`Jobs::cancel_job`] checks before it changes anything.
 pub fn check_cancel(id: &JobId, state: JobState) -> Result<()> {
     match state {
-        JobState::Queued | JobState::Scheduled | JobState::Cancelled => Ok(()),
-        JobState::Running => Err(Error::new(
-            ErrorKind::Unsupported,
-            format!("job {id} is running: cannot cancel yet (a running job's handler cannot be stopped from here)"),
-        )),
+        JobState::Queued | JobState::Scheduled | JobState::Running | JobState::Cancelled => Ok(()),
         JobState::Done | JobState::Failed => {
             Err(Error::new(ErrorKind::InvalidInput, format!("job {id} is {state}: there is nothing left to cancel")))
         }
@@ -220,30 +244,13 @@ pub fn require_cancel_audit(reason: &str, actor: &str) -> Result<()> {
     require_audit("a cancel's actor", actor)
 }
 
-/// Conveniences over [`Jobs`]: cancel by key, or by filter.
+/// Conveniences over [`Jobs`]: cancel by filter.
 pub trait JobsExt: Jobs {
-    /// Cancels the job of `key` (see [`Jobs::cancel_job`]); [`NotFound`](crate::ErrorKind::NotFound)
-    /// if the key has none. Returns the job's id with the outcome.
-    fn cancel_key(
-        &self,
-        key: &IdempotencyKey,
-        reason: &str,
-        actor: &str,
-    ) -> impl Future<Output = Result<(JobId, CancelOutcome)>> + Send {
-        let query = JobQuery { key: Some(key.clone()), limit: 1, ..JobQuery::default() };
-        async move {
-            require_cancel_audit(reason, actor)?;
-            let job = self.list_jobs(&query).await?.into_iter().next();
-            let job = job.ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no job with key {key}")))?;
-            let outcome = self.cancel_job(&job.id, reason, actor).await?;
-            Ok((job.id, outcome))
-        }
-    }
-
-    /// Cancels every queued or scheduled job matching `query` (all pages, from its `after`), each
-    /// with `reason` and `actor`. Running and finished jobs are passed over; a `query` asking for
-    /// another state is refused ([`InvalidInput`](crate::ErrorKind::InvalidInput)). Returns the
-    /// jobs cancelled.
+    /// Cancels every queued, scheduled or running job matching `query` (all pages, from its
+    /// `after`), each with `reason` and `actor` (a running one is asked to stop, see
+    /// [`Jobs::cancel_job`]). Finished jobs are passed over; a `query` asking for them is refused
+    /// ([`InvalidInput`](crate::ErrorKind::InvalidInput)). Returns the jobs cancelled or asked to
+    /// stop.
     fn cancel_matching(
         &self,
         query: &JobQuery,
@@ -256,7 +263,7 @@ pub trait JobsExt: Jobs {
             if let Some(state) = query.state.filter(|s| !s.is_cancellable()) {
                 return Err(Error::new(
                     ErrorKind::InvalidInput,
-                    format!("only queued or scheduled jobs can be cancelled, not {state} ones"),
+                    format!("only queued, scheduled or running jobs can be cancelled, not {state} ones"),
                 ));
             }
             let mut cancelled = Vec::new();
@@ -264,15 +271,11 @@ pub trait JobsExt: Jobs {
                 let page = self.list_jobs(&query).await?;
                 for job in page.iter().filter(|j| j.state.is_cancellable()) {
                     match self.cancel_job(&job.id, reason, actor).await {
-                        Ok(CancelOutcome::Cancelled) => cancelled.push(job.id.clone()),
+                        Ok(CancelOutcome::Cancelled | CancelOutcome::Requested) => cancelled.push(job.id.clone()),
                         Ok(CancelOutcome::AlreadyCancelled(_)) => {}
-                        // Claimed, finished or gone since the page was read (the audit was checked
-                        // above): passed over, as a running one is.
-                        Err(e)
-                            if matches!(
-                                e.kind(),
-                                ErrorKind::Unsupported | ErrorKind::NotFound | ErrorKind::InvalidInput
-                            ) => {}
+                        // Finished or gone since the page was read (the audit was checked above):
+                        // passed over.
+                        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::InvalidInput) => {}
                         Err(e) => return Err(e),
                     }
                 }
@@ -305,13 +308,15 @@ mod tests {
     }
 
     #[test]
-    fn only_unclaimed_jobs_can_be_cancelled() {
+    fn only_unfinished_jobs_can_be_cancelled() {
         let id = JobId("7".into());
-        assert!(check_cancel(&id, JobState::Queued).is_ok());
-        assert!(check_cancel(&id, JobState::Scheduled).is_ok());
-        let running = check_cancel(&id, JobState::Running).unwrap_err();
-        assert_eq!(running.kind(), ErrorKind::Unsupported);
-        assert!(running.to_string().contains("running: cannot cancel yet"), "{running}");
-        assert_eq!(check_cancel(&id, JobState::Done).unwrap_err().kind(), ErrorKind::InvalidInput);
+        for state in [JobState::Queued, JobState::Scheduled, JobState::Running, JobState::Cancelled] {
+            assert!(check_cancel(&id, state).is_ok(), "{state}");
+        }
+        for state in [JobState::Done, JobState::Failed] {
+            let refused = check_cancel(&id, state).unwrap_err();
+            assert_eq!(refused.kind(), ErrorKind::InvalidInput, "{state}");
+            assert!(refused.to_string().contains("nothing left to cancel"), "{refused}");
+        }
     }
 }

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::Lease;
 use super::flow::{Flow, NoFlow};
-use crate::error::Result;
+use super::{CancelOutcome, Cancellation, Lease};
+use crate::error::{Error, ErrorKind, Result};
 use crate::key::{IdempotencyKey, ProviderKey};
 use crate::redact::debug_redacted;
 
@@ -38,6 +38,9 @@ pub enum Begin {
     Busy(Duration),
     /// The effect happened; here is its stored result. Skip.
     Done(Value),
+    /// A person cancelled the key ([`Ledger::cancel_effect`]): the effect shall not happen. Complete
+    /// the job unrun.
+    Cancelled(Cancellation),
 }
 
 /// The effect ledger (processed keys): what makes an effect happen once, whatever the queue
@@ -62,8 +65,33 @@ pub trait Ledger: Send + Sync {
     /// Lets go of the key without finishing: it stays pending, and the next attempt resumes.
     fn release_hold(&self, hold: &Hold) -> impl Future<Output = Result<()>> + Send;
 
-    /// Marks the effect done with its result. Idempotent.
+    /// Marks the effect done with its result. Idempotent. A key cancelled while this hold ran
+    /// is marked done all the same: the effect happened, and completion wins.
     fn finish(&self, hold: &Hold, result: &Value) -> impl Future<Output = Result<()>> + Send;
+
+    /// Cancels the effect of `key`, keeping why and who: the cancel a broker's jobs get, whose
+    /// messages cannot be listed or taken out by id. From now on [`begin`](Self::begin) answers
+    /// [`Begin::Cancelled`] (the next delivery of a message of the key completes unrun, counted
+    /// `withdrawn`), and a hold running now can no longer be extended
+    /// ([`Cancelled`](crate::ErrorKind::Cancelled): its worker stops the handler, and its
+    /// message, put back, completes unrun at its next delivery). The key stays taken. A key whose
+    /// effect is done is refused ([`InvalidInput`](crate::ErrorKind::InvalidInput)); one
+    /// cancelled before answers [`CancelOutcome::AlreadyCancelled`]. A blank `reason` or `actor`
+    /// is refused. A ledger that cannot keep it answers
+    /// [`Unsupported`](crate::ErrorKind::Unsupported).
+    ///
+    /// It marks the ledger's own table of keys: where a backend's jobs are their own ledger
+    /// (PostgreSQL, SQLite), a key of those jobs is cancelled through
+    /// [`Jobs::cancel_key`](crate::Jobs::cancel_key), not here.
+    fn cancel_effect(
+        &self,
+        key: &IdempotencyKey,
+        reason: &str,
+        actor: &str,
+    ) -> impl Future<Output = Result<CancelOutcome>> + Send {
+        let _ = (key, reason, actor);
+        async { Err(Error::new(ErrorKind::Unsupported, "this effect ledger cannot cancel a key")) }
+    }
 
     /// The ledger's [`Flow`] store, where its database keeps one: paused kinds and limits shared
     /// by every worker using this ledger. Without one, a worker keeps flow control in its own

@@ -29,6 +29,7 @@ mod claim;
 mod dead_letter;
 mod enqueue;
 mod flow;
+mod forget;
 mod jobs;
 mod ledger;
 mod stats;
@@ -45,6 +46,7 @@ pub use flow::{
     BREAKER, Flow, FlowAction, FlowEvent, KindFlow, Limits, NoFlow, Paused, Rate, Slot, Tokens, check_kind,
     check_pause, gcra, rate_columns, require_history, stored_count, stored_rate,
 };
+pub use forget::{Forget, Forgotten};
 pub use jobs::{
     CancelOutcome, Cancellation, JobQuery, JobState, Jobs, JobsExt, LiveJob, Running, check_cancel,
     require_cancel_audit,
@@ -114,9 +116,10 @@ pub struct Capabilities {
     /// fingerprint moves with the payload). Otherwise it refuses with
     /// [`InvalidInput`](crate::ErrorKind::InvalidInput). Held to by the suite's `amended_replay`.
     pub amend_replay: bool,
-    /// The backend lists its jobs and cancels queued ones ([`Jobs`]: memory, PostgreSQL,
-    /// SQLite). Otherwise (a broker holds its messages unlisted) every [`Jobs`] call is refused
-    /// as [`Unsupported`](crate::ErrorKind::Unsupported). Held to by the suite's `cancel`.
+    /// The backend lists its jobs, cancels queued ones and asks running ones to stop ([`Jobs`]:
+    /// memory, PostgreSQL, SQLite). Otherwise (a broker holds its messages unlisted) every [`Jobs`] call is refused
+    /// as [`Unsupported`](crate::ErrorKind::Unsupported). Held to by the suite's `cancel` and
+    /// `cancel_running`.
     pub live_jobs: bool,
     /// Claims take the ready jobs of the highest [`priority`](crate::Job::priority) first, oldest
     /// first within one. Otherwise enqueue refuses a job of any priority but 0
@@ -151,4 +154,17 @@ impl Default for Capabilities {
 pub trait Backend: Send + Sync {
     /// The backend's capabilities; the same answer every time.
     fn capabilities(&self) -> Capabilities;
+
+    /// The messaging system, as a job's span names it with the `otel` feature (OpenTelemetry's
+    /// `messaging.system`: `aws_sqs`, `postgresql`, …). `None` (the default): not named.
+    fn messaging_system(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The queue jobs are claimed from, as a job's span names it with the `otel` feature
+    /// (OpenTelemetry's `messaging.destination.name`). `None` (the default): not named. Never a
+    /// secret: no connection string, no token.
+    fn messaging_destination(&self) -> Option<String> {
+        None
+    }
 }

@@ -6,8 +6,7 @@ use tracing::info;
 
 use super::{MemoryBackend, Status, StoredJob, parse_id};
 use crate::backend::{
-    CancelOutcome, Cancellation, JobQuery, JobState, Jobs, LiveJob, RecordState, Running, check_cancel,
-    require_cancel_audit,
+    CancelOutcome, Cancellation, JobQuery, JobState, Jobs, LiveJob, Running, check_cancel, require_cancel_audit,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::JobId;
@@ -82,23 +81,15 @@ impl Jobs for MemoryBackend {
             return Ok(CancelOutcome::AlreadyCancelled(cancelled));
         }
         let at = Utc::now();
-        job.status = Status::Done;
-        job.updated_at = at;
         job.cancelled = Some(Cancellation { at, reason: reason.to_owned(), actor: actor.to_owned() });
-        info!(job_id = %id, kind = %job.job.kind, key = %job.job.key, actor, "job cancelled");
-        let ordered = job.job.order_key.is_some();
-        // A replayed job's record will never be settled by it: closed with the cancel.
-        for record in state.records.values_mut().filter(|r| r.job_id == *id && !r.state.is_open()) {
-            if let RecordState::Replaying { .. } = record.state {
-                record.state = RecordState::Discarded {
-                    at,
-                    reason: format!("its replayed job was cancelled: {reason}"),
-                    actor: actor.to_owned(),
-                };
-            }
+        if live.state == JobState::Running {
+            // Its worker learns of it at its next renewal, and stops the handler.
+            info!(job_id = %id, kind = %job.job.kind, key = %job.job.key, actor, "running job asked to stop");
+            return Ok(CancelOutcome::Requested);
         }
-        // Its order key's later jobs no longer wait for it.
-        if ordered {
+        info!(job_id = %id, kind = %job.job.kind, key = %job.job.key, actor, "job cancelled");
+        if state.end_cancelled(n) {
+            // Its order key's later jobs no longer wait for it.
             drop(state);
             self.work.notify_waiters();
         }

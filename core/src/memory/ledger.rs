@@ -6,7 +6,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::{MemoryBackend, State, token};
-use crate::backend::{Begin, Hold, Ledger};
+use crate::backend::{Begin, CancelOutcome, Cancellation, Hold, Ledger, require_cancel_audit};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{IdempotencyKey, ProviderKey};
 
@@ -20,8 +20,16 @@ pub(super) struct LedgerEntry {
 
 #[derive(Debug)]
 pub(super) enum Effect {
-    Pending { token: String, until: Instant },
-    Done { result: Value, at: Instant },
+    Pending {
+        token: String,
+        until: Instant,
+    },
+    Done {
+        result: Value,
+        at: Instant,
+    },
+    /// Cancelled by a person: begins answer so, whatever the payload.
+    Cancelled(Cancellation),
 }
 
 impl State {
@@ -62,11 +70,15 @@ impl Ledger for MemoryBackend {
             state.ledger.insert(key.clone(), entry);
             return Ok(Begin::Fresh(Hold { key: key.clone(), token, provider_key, lease: None }));
         };
+        if let Effect::Cancelled(cancel) = &entry.state {
+            return Ok(Begin::Cancelled(cancel.clone()));
+        }
         if entry.fingerprint != *fingerprint {
             return Err(Error::new(ErrorKind::KeyConflict, format!("key {key} was used with a different payload")));
         }
         match &mut entry.state {
             Effect::Done { result, .. } => Ok(Begin::Done(result.clone())),
+            Effect::Cancelled(_) => unreachable!("answered above"),
             Effect::Pending { until, .. } if *until > now => Ok(Begin::Busy(*until - now)),
             Effect::Pending { token: held, until } => {
                 *held = token();
@@ -83,6 +95,9 @@ impl Ledger for MemoryBackend {
             Some(Effect::Pending { token, until }) if *token == hold.token => {
                 *until = Instant::now() + by;
                 Ok(())
+            }
+            Some(Effect::Cancelled(_)) => {
+                Err(Error::new(ErrorKind::Cancelled, format!("key {} was cancelled while it was held", hold.key)))
             }
             _ => Err(Error::new(ErrorKind::LeaseLost, format!("key {} is no longer held by this attempt", hold.key))),
         }
@@ -104,6 +119,35 @@ impl Ledger for MemoryBackend {
             entry.state = Effect::Done { result: result.clone(), at: Instant::now() };
         }
         Ok(())
+    }
+
+    async fn cancel_effect(&self, key: &IdempotencyKey, reason: &str, actor: &str) -> Result<CancelOutcome> {
+        require_cancel_audit(reason, actor)?;
+        let mut state = self.lock();
+        let cancel = Cancellation { at: chrono::Utc::now(), reason: reason.to_owned(), actor: actor.to_owned() };
+        match state.ledger.get_mut(key) {
+            None => {
+                // No payload seen yet: any payload of the key finds it cancelled.
+                let entry = LedgerEntry {
+                    fingerprint: String::new(),
+                    provider_key: ProviderKey::mint(),
+                    state: Effect::Cancelled(cancel),
+                };
+                state.ledger.insert(key.clone(), entry);
+            }
+            Some(entry) => match &entry.state {
+                Effect::Done { .. } => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidInput,
+                        format!("the effect of key {key} is done: there is nothing left to cancel"),
+                    ));
+                }
+                Effect::Cancelled(before) => return Ok(CancelOutcome::AlreadyCancelled(before.clone())),
+                Effect::Pending { .. } => entry.state = Effect::Cancelled(cancel),
+            },
+        }
+        tracing::info!(key = %key, actor, "key cancelled in the effect ledger");
+        Ok(CancelOutcome::Cancelled)
     }
 
     fn flow(&self) -> Option<&impl crate::backend::Flow> {

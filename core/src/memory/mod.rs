@@ -16,7 +16,7 @@ use uuid::Uuid;
 use self::ledger::{Effect, LedgerEntry};
 use crate::backend::{
     AttemptError, Backend, Capabilities, Claim, Claimed, Counts, Enqueue, Enqueued, FailureId, FailureRecord, Kinds,
-    Lease, QueueStats, Renew,
+    Lease, QueueStats, RecordState, Renew,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{JobId, JobRecord, NewJob};
@@ -68,7 +68,8 @@ struct StoredJob {
     errors: Vec<AttemptError>,
     /// When its status last changed (a renewal is not a change).
     updated_at: chrono::DateTime<Utc>,
-    /// Set with `Status::Done` when it was cancelled unrun.
+    /// Set with `Status::Done` when it was cancelled unrun; with `Status::Running`, the cancel
+    /// asked of it, which ends it cancelled at whatever settles it but a completion.
     cancelled: Option<crate::backend::Cancellation>,
 }
 
@@ -94,6 +95,7 @@ impl StoredJob {
             undecodable: None,
             // Its records are found by its id here.
             replay_of: None,
+            traceparent: job.traceparent.clone(),
         }
     }
 }
@@ -218,9 +220,35 @@ impl State {
         Ok(Enqueued::Created(JobId(id.to_string())))
     }
 
+    /// Ends job `id` cancelled (unrun, or stopped while it ran), with the cancel it holds: done,
+    /// its key kept, and the record it replays, if any, closed as discarded. Tells the workers
+    /// when later jobs of its order key may now run.
+    fn end_cancelled(&mut self, id: u64) -> bool {
+        let Some(job) = self.jobs.get_mut(&id) else { return false };
+        let Some(cancel) = job.cancelled.clone() else { return false };
+        job.status = Status::Done;
+        job.updated_at = Utc::now();
+        let ordered = job.job.order_key.is_some();
+        let job_id = JobId(id.to_string());
+        // A replayed job's record will never be settled by it: closed with the cancel.
+        for record in self.records.values_mut().filter(|r| r.job_id == job_id) {
+            if let RecordState::Replaying { .. } = record.state {
+                record.state = RecordState::Discarded {
+                    at: cancel.at,
+                    reason: format!("its replayed job was cancelled: {}", cancel.reason),
+                    actor: cancel.actor.clone(),
+                };
+            }
+        }
+        ordered
+    }
+
     /// Claims ready jobs, highest priority first and oldest first within one, or says when the
     /// next one becomes ready.
     fn claim(&mut self, kinds: &Kinds, max: usize, lease: Duration, now: Instant) -> (Vec<Claimed>, Option<Instant>) {
+        // Cancelled running jobs whose workers died with them, met on the way: ended cancelled
+        // below, not run again.
+        let mut lapsed_cancelled = Vec::new();
         let mut ready = Vec::new();
         let mut next_ready: Option<Instant> = None;
         // Order keys with an unfinished job seen so far: a later job of one waits (whatever its
@@ -244,11 +272,18 @@ impl State {
                 next_ready = Some(next_ready.map_or(ready_at, |n| n.min(ready_at)));
                 continue;
             }
+            if stored.cancelled.is_some() && matches!(stored.status, Status::Running { .. }) {
+                lapsed_cancelled.push(*id);
+                continue;
+            }
             ready.push((std::cmp::Reverse(stored.job.priority), *id));
             if ready.len() == max && !self.prioritised {
                 // All at 0: the first `max` in id order are the batch.
                 break;
             }
+        }
+        for id in lapsed_cancelled {
+            self.end_cancelled(id);
         }
         // Stable: within a priority, in id order, as without priorities.
         ready.sort_by_key(|(priority, _)| *priority);
@@ -286,6 +321,10 @@ impl Backend for MemoryBackend {
             priorities: true,
             ..Capabilities::default()
         }
+    }
+
+    fn messaging_system(&self) -> Option<&'static str> {
+        Some("redrive_memory")
     }
 }
 
@@ -347,16 +386,34 @@ impl Claim for MemoryBackend {
         let job = Self::fenced(&mut state, lease)?;
         job.status = Status::Done;
         job.updated_at = Utc::now();
+        // Completion wins over a cancel asked of it: the effect is done, the job reads done.
+        job.cancelled = None;
         if job.job.order_key.is_some() {
             // The next job of its order key may run now.
             self.work.notify_waiters();
         }
         // Done is the effect done (ran, or found done in the ledger): a replay of this job is
-        // confirmed with it.
+        // confirmed with it. Unless the key was cancelled in the ledger (a broker's cancel, met by
+        // a worker that completes the job unrun): then the replay is withdrawn, and its record
+        // discarded with the cancel.
+        let key = job.job.key.clone();
+        let withdrawn = match state.ledger.get(&key).map(|e| &e.state) {
+            Some(ledger::Effect::Cancelled(cancel)) => Some(cancel.clone()),
+            _ => None,
+        };
         let now = Utc::now();
         for record in state.records.values_mut().filter(|r| r.job_id == lease.job_id) {
-            if let Some(confirmed) = record.state.confirmed(now) {
-                record.state = confirmed;
+            let settled = match &withdrawn {
+                Some(cancel) if matches!(record.state, RecordState::Replaying { .. }) => Some(RecordState::Discarded {
+                    at: now,
+                    reason: format!("its replayed job was cancelled: {}", cancel.reason),
+                    actor: cancel.actor.clone(),
+                }),
+                Some(_) => None,
+                None => record.state.confirmed(now),
+            };
+            if let Some(settled) = settled {
+                record.state = settled;
             }
         }
         Ok(())
@@ -364,6 +421,9 @@ impl Claim for MemoryBackend {
 
     async fn retry(&self, lease: &Lease, delay: Duration, error: &str) -> Result<()> {
         let mut state = self.lock();
+        if self.cancelled_at_settle(&mut state, lease)? {
+            return Ok(());
+        }
         let job = Self::fenced(&mut state, lease)?;
         job.errors.push(AttemptError { attempt: job.attempts, at: Utc::now(), error: error.to_owned() });
         job.status = Status::Queued { ready_at: Instant::now() + delay };
@@ -387,12 +447,17 @@ impl Claim for MemoryBackend {
         let now = Utc::now();
         job.status = Status::Failed;
         job.updated_at = now;
+        // A cancel asked while it ran is spent: the record is what a person sees, and its replay
+        // must run.
+        job.cancelled = None;
         job.errors.push(AttemptError { attempt: job.attempts, at: now, error: error.to_owned() });
         let errors = std::mem::take(&mut job.errors);
         let job = job.record(parse_id(&claimed.lease.job_id.0)?);
         state.next_record += 1;
         let id = FailureId(state.next_record.to_string());
         let mut record = FailureRecord::open(id.clone(), job, error.to_owned(), errors, now);
+        // The failing attempt's trace, as the worker hands the job over (see `Claim::dead_letter`).
+        record.trace_id = claimed.job.trace_id().map(str::to_owned);
         // A replay that failed again: the old record names the new one, and the new one it.
         for old in state.records.values_mut().filter(|r| r.job_id == record.job_id) {
             if let Some(failed_again) = old.state.failed_again(now, id.clone()) {
@@ -410,6 +475,10 @@ impl Claim for MemoryBackend {
         Ok(())
     }
 
+    async fn withdraw_replay(&self, _record: &FailureId, _cancel: &crate::backend::Cancellation) -> Result<()> {
+        Ok(())
+    }
+
     fn renewal(&self) -> Option<&impl Renew> {
         Some(self)
     }
@@ -419,6 +488,9 @@ impl MemoryBackend {
     /// Queued again after `delay`, the attempt given back: its handler never ran.
     fn give_back(&self, lease: &Lease, delay: Duration) -> Result<()> {
         let mut state = self.lock();
+        if self.cancelled_at_settle(&mut state, lease)? {
+            return Ok(());
+        }
         let job = Self::fenced(&mut state, lease)?;
         job.attempts -= 1;
         job.status = Status::Queued { ready_at: Instant::now() + delay };
@@ -429,10 +501,39 @@ impl MemoryBackend {
     }
 }
 
+impl MemoryBackend {
+    /// Ends the job of `lease` cancelled if a person cancelled it while it ran: what a retry or a
+    /// give-back does instead of queueing it again. Whether it did.
+    fn cancelled_at_settle(&self, state: &mut State, lease: &Lease) -> Result<bool> {
+        if Self::fenced(state, lease)?.cancelled.is_none() {
+            return Ok(false);
+        }
+        if state.end_cancelled(parse_id(&lease.job_id.0)?) {
+            self.work.notify_waiters();
+        }
+        Ok(true)
+    }
+}
+
 impl Renew for MemoryBackend {
     async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
+        self.extend(lease, by, true)
+    }
+
+    async fn renew_settling(&self, lease: &Lease, by: Duration) -> Result<Lease> {
+        self.extend(lease, by, false)
+    }
+}
+
+impl MemoryBackend {
+    /// A renewal; refused for a job a person cancelled if `heed_cancel`.
+    fn extend(&self, lease: &Lease, by: Duration, heed_cancel: bool) -> Result<Lease> {
         let mut state = self.lock();
         let job = Self::fenced(&mut state, lease)?;
+        if heed_cancel && job.cancelled.is_some() {
+            // Not renewed: the worker stops the handler and settles the job, which ends it.
+            return Err(Error::new(ErrorKind::Cancelled, format!("job {} was cancelled while it ran", lease.job_id)));
+        }
         job.started = true;
         if let Status::Running { expires, .. } = &mut job.status {
             *expires = Instant::now() + by;

@@ -13,6 +13,7 @@ use crate::backend::{
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{NewJob, payload_fingerprint};
+use crate::key::IdempotencyKey;
 
 impl DeadLetter for MemoryBackend {
     async fn list(&self, query: &FailureQuery) -> Result<Vec<FailureRecord>> {
@@ -153,6 +154,7 @@ impl MemoryBackend {
         job.errors.clear();
         // A person asked for it to run: its deadline, if it had one, no longer applies.
         job.job.deadline = None;
+        job.cancelled = None;
         job.status = Status::Queued { ready_at: Instant::now() };
         if let Some(payload) = amended {
             // The key's fingerprint follows: the amended job is the key's job now.
@@ -166,5 +168,34 @@ impl MemoryBackend {
         drop(state);
         self.work.notify_waiters();
         Ok(ReplayOutcome::Replayed(job_id))
+    }
+}
+
+impl crate::backend::Forget for MemoryBackend {
+    async fn forget_key(&self, key: &IdempotencyKey) -> Result<crate::backend::Forgotten> {
+        let mut state = self.lock();
+        let mut forgotten = crate::backend::Forgotten::default();
+        if let Some(&id) = state.by_key.get(key) {
+            if matches!(state.jobs[&id].status, Status::Running { .. }) {
+                return Err(Error::temporary(format!("a job of key {key} is running; forget it once it settles")));
+            }
+            state.jobs.remove(&id);
+            state.by_key.remove(key);
+            forgotten.jobs = 1;
+        }
+        let records: Vec<u64> = state.records.iter().filter(|(_, r)| &r.key == key).map(|(n, _)| *n).collect();
+        for n in &records {
+            state.records.remove(n);
+        }
+        forgotten.records = records.len() as u64;
+        // The key's entry, and its records' alert marks (`redrive_alert:record=<id>:…`).
+        let marks: Vec<String> = records.iter().map(|n| format!("redrive_alert:record={n}:")).collect();
+        let before = state.ledger.len();
+        state.ledger.retain(|k, _| k != key && !marks.iter().any(|m| k.as_str().starts_with(m.as_str())));
+        forgotten.ledger = (before - state.ledger.len()) as u64;
+        drop(state);
+        // A forgotten failed job may have held its order key's next job back.
+        self.work.notify_waiters();
+        Ok(forgotten)
     }
 }

@@ -133,3 +133,24 @@ async fn claims_take_the_highest_priority_first_and_the_oldest_within_one() {
         first.iter().chain(&rest).map(|c| (c.job.payload["n"].as_i64().unwrap(), c.job.priority)).collect();
     assert_eq!(order, [(2, 10), (5, 10), (3, 0), (6, 0), (1, -5), (4, -5)]);
 }
+
+#[tokio::test]
+async fn a_forgotten_key_is_nowhere_and_free_again() {
+    use crate::backend::{Forget, Forgotten};
+    let b = MemoryBackend::new();
+    b.enqueue(job(1)).await.unwrap();
+    b.enqueue(job(2)).await.unwrap();
+    let claimed = b.claim(&Kinds::Any, 1, LEASE, Duration::ZERO).await.unwrap().remove(0);
+    let key = claimed.job.key.clone();
+    assert!(b.forget_key(&key).await.unwrap_err().is_temporary(), "not while it runs");
+    let record = b.dead_letter(&claimed, "boom").await.unwrap().unwrap();
+    let alert = IdempotencyKey::builder("redrive_alert").fact("record", &record.id.0).fact("sink", 0).build().unwrap();
+    b.begin(&alert, &json!({}), ProviderKey::mint(), LEASE).await.unwrap();
+    let forgotten = b.forget_key(&key).await.unwrap();
+    assert_eq!(forgotten, Forgotten { jobs: 1, records: 1, ledger: 1 });
+    assert!(b.list(&crate::FailureQuery::open()).await.unwrap().is_empty());
+    assert!(b.enqueue(job(1)).await.unwrap().is_created(), "the key is free");
+    assert!(b.forget_key(&IdempotencyKey::builder("t").fact("n", 9).build().unwrap()).await.unwrap().is_empty());
+    let other = b.claim(&Kinds::Any, 2, LEASE, Duration::ZERO).await.unwrap();
+    assert_eq!(other.len(), 2, "the other job is untouched, the forgotten key enqueued anew");
+}

@@ -17,6 +17,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::flow::Gate;
+use crate::backend::Cancellation;
 use crate::job::JobRecord;
 use crate::policy::Backoff;
 
@@ -80,6 +81,8 @@ pub(super) enum KeyState {
     Busy(Duration),
     /// The effect is done.
     Done,
+    /// A person cancelled the key: the effect shall not happen.
+    Cancelled(Cancellation),
     /// The key was begun with another payload: the error, as it reads.
     Conflict(String),
     /// The ledger could not be reached.
@@ -133,12 +136,14 @@ pub(super) enum Deferral {
 }
 
 /// Why a job is completed without running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Unrun {
     /// The ledger says its key's effect is done: a recorded skip.
     AlreadyDone,
     /// Claimed past its deadline: worthless late, dropped, not a failure.
     Expired,
+    /// A person cancelled its key in the ledger (a broker's cancel): who, why.
+    Withdrawn(Cancellation),
 }
 
 /// What to do with a claimed job before (or instead of) running it.
@@ -222,6 +227,7 @@ pub(super) fn admit(facts: &Facts<'_>, rules: &Rules) -> Admission {
     let earlier_attempt_pending = match &facts.key {
         None => return Admission::TakeHold,
         Some(KeyState::Done) => return Admission::Complete(Unrun::AlreadyDone),
+        Some(KeyState::Cancelled(cancel)) => return Admission::Complete(Unrun::Withdrawn(cancel.clone())),
         // Not a failure, and never a dead letter: another attempt is doing the work. Look again
         // when its hold ends, not sooner; a holder that dies lets the hold lapse, and then this
         // copy runs. At most a third of the lease: a hold far longer than the worker's own (a
@@ -309,6 +315,10 @@ mod tests {
         Facts { key: Some(key), ..claimed() }
     }
 
+    fn cancel() -> Cancellation {
+        Cancellation { at: at(0), reason: "order withdrawn".into(), actor: "ana".into() }
+    }
+
     fn run(earlier_attempt_pending: bool, mark_started: bool) -> Admission {
         Admission::Run { earlier_attempt_pending, mark_started }
     }
@@ -394,6 +404,11 @@ mod tests {
             ("nothing known of its key yet", claimed(), Admission::TakeHold),
             // The ledger's answer.
             ("the effect is done", with_key(KeyState::Done), Admission::Complete(Unrun::AlreadyDone)),
+            (
+                "its key was cancelled, even past the cap",
+                Facts { attempt: 9, ..with_key(KeyState::Cancelled(cancel())) },
+                Admission::Complete(Unrun::Withdrawn(cancel())),
+            ),
             (
                 "another attempt holds the key",
                 with_key(KeyState::Busy(Duration::from_secs(2))),

@@ -90,6 +90,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         let hold = match self.ledger.begin(&key, &payload, ProviderKey::mint(), ALERT_HOLD).await {
             Ok(Begin::Fresh(hold) | Begin::Resumed(hold)) => hold,
             Ok(Begin::Busy(_) | Begin::Done(_)) => return debug!(%record, "alert sent or being sent elsewhere"),
+            Ok(Begin::Cancelled(_)) => return debug!(%record, "alert cancelled by a person"),
             Err(e) => return warn!(%record, error = %e, "effect ledger unavailable; the sweep sends this alert later"),
         };
         let backoff = Backoff { base: Duration::from_millis(200), max: Duration::from_secs(5), ..Backoff::default() };
@@ -98,7 +99,8 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 Ok(()) => {
                     self.counters.add_for(Count::Alerted, &alert.record.kind, 1);
                     metrics::counter!("redrive_alerts_total", "result" => "sent").increment(1);
-                    if let Err(e) = self.ledger.finish(&hold, &serde_json::Value::Null).await {
+                    // Which sink it reached: `redrive doctor` warns of alerts that only reached the log.
+                    if let Err(e) = self.ledger.finish(&hold, &json!({ "sink": sink.name() })).await {
                         // It was sent; a sweep may send it once more.
                         warn!(%record, error = %e, "alert sent but not marked sent");
                     }

@@ -18,10 +18,10 @@ use tracing::{debug, info, warn};
 use super::admission::{Admission, Deferral, Facts, Rules, Unrun, admit};
 use super::flow::Gate;
 use super::handler::{Erased, panicked};
-use super::hold::{Held, HoldMode};
+use super::hold::{Held, HoldMode, Stop};
 use super::{Count, HandlerResult, Shared, WorkerConfig};
 use crate::alert::BoxFuture;
-use crate::backend::{Claim, Claimed, DeadLetter, Lease, Ledger, Slot};
+use crate::backend::{Cancellation, Claim, Claimed, DeadLetter, Lease, Ledger, Slot};
 use crate::job::{JobContext, JobError, JobRecord};
 use crate::policy::{Decision, Outcome, RetryPolicy};
 
@@ -153,6 +153,9 @@ enum Ran {
     Abandoned,
     /// The key's hold could not be renewed; the handler was cancelled before it lapsed.
     HoldLapsing,
+    /// A person cancelled the job ([`Jobs::cancel_job`](crate::Jobs::cancel_job)); the handler
+    /// was stopped.
+    Stopped,
     /// The handler ran to its kind's timeout, and was cancelled there.
     TimedOut(Duration),
 }
@@ -204,8 +207,9 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                     let (Some(handler), Some(held)) = (handler, &held) else {
                         unreachable!("admission runs a job only with a handler and its key held")
                     };
-                    if mark_started {
-                        self.mark_started(attempt, held).await;
+                    if mark_started && self.mark_started(attempt, held).await == Err(Stop::Cancelled) {
+                        self.hand_in_slots(attempt);
+                        return self.conclude(attempt, held, Ran::Stopped).await;
                     }
                     let ctx = JobContext {
                         job_id: job.id.clone(),
@@ -215,6 +219,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                         key: job.key.clone(),
                         provider_key: held.hold.provider_key,
                         earlier_attempt_pending,
+                        traceparent: job.traceparent.clone(),
                     };
                     match handler.prepare(&job.payload, ctx) {
                         Ok(run) => break (held, run),
@@ -313,10 +318,16 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 info!("dropped unrun: claimed past its deadline");
                 (Count::Expired, "drop")
             }
+            Unrun::Withdrawn(_) => {
+                info!("completed unrun: a person cancelled its key");
+                (Count::Withdrawn, "drop")
+            }
         };
         self.counters.add_for(count, &attempt.claimed.job.kind, 1);
-        if let Unrun::AlreadyDone = unrun {
-            self.confirm_replay(&attempt.claimed.job).await;
+        match &unrun {
+            Unrun::AlreadyDone => self.confirm_replay(&attempt.claimed.job).await,
+            Unrun::Withdrawn(cancel) => self.withdraw_replay(&attempt.claimed.job, cancel).await,
+            Unrun::Expired => {}
         }
         self.settle(what, || self.queue.complete(&attempt.claimed.lease, None)).await;
     }
@@ -329,6 +340,17 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         let Some(record) = &job.replay_of else { return };
         if let Err(e) = self.retrying("confirm the replay", || self.queue.confirm_replay(record)).await {
             warn!(record = %record, error = %e, "could not confirm the replay; its record stays replaying");
+        }
+    }
+
+    /// Closes the record a job replays, where the job carries it (a broker's), as discarded: its
+    /// key was cancelled, so the job completes unrun and nothing else would settle the record.
+    /// Before the completion, for the reason `confirm_replay` gives.
+    async fn withdraw_replay(&self, job: &JobRecord, cancel: &Cancellation) {
+        let Some(record) = &job.replay_of else { return };
+        if let Err(e) = self.retrying("close the withdrawn replay", || self.queue.withdraw_replay(record, cancel)).await
+        {
+            warn!(record = %record, error = %e, "could not close the withdrawn replay; its record stays replaying");
         }
     }
 
@@ -352,7 +374,10 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         tokio::select! {
             result = &mut run => Ran::Finished(finished(result)),
             () = self.keep_slots(attempt) => unreachable!("it never returns"),
-            () = self.keep_alive(attempt, held) => Ran::HoldLapsing,
+            stop = self.keep_alive(attempt, held) => match stop {
+                Stop::Lapsing => Ran::HoldLapsing,
+                Stop::Cancelled => Ran::Stopped,
+            },
             () = self.attempts.abandon.cancelled() => Ran::Abandoned,
             () = until(deadline) => Ran::TimedOut(timeout.unwrap_or_default()),
         }
@@ -371,6 +396,17 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                 // than the grace would end as a record after `cap` deploys. The key stays
                 // pending, so the next attempt knows it resumes.
                 return self.settle("release", || async { self.hand_back(&attempt.lease()).await }).await;
+            }
+            Ran::Stopped => {
+                self.release_hold(held).await;
+                self.counters.add_for(Count::Stopped, kind, 1);
+                // A retry, so that a backend that does not end the job cancelled charges the
+                // attempt for it: the backend that answered `Cancelled` ends the job cancelled
+                // instead, with its cancel's audit.
+                let error = "cancelled while running: the handler was stopped";
+                return self
+                    .settle("cancel", || async { self.queue.retry(&attempt.lease(), Duration::ZERO, error).await })
+                    .await;
             }
             Ran::HoldLapsing => {
                 warn!("the key's hold could not be renewed: the handler was cancelled before it lapsed");

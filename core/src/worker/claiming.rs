@@ -316,7 +316,7 @@ async fn dispatch<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
             unstarted.push(job);
             continue;
         };
-        let span = job_span(&job);
+        let span = job_span(&job, &shared.messaging);
         let shared = Arc::clone(&shared);
         tracker.spawn(
             async move {
@@ -329,7 +329,7 @@ async fn dispatch<Q: Claim + DeadLetter + 'static, L: Ledger + 'static>(
         );
     }
     for job in unstarted {
-        let span = job_span(&job);
+        let span = job_span(&job, &shared.messaging);
         let shared = Arc::clone(&shared);
         tracker.spawn(async move { shared.give_back(&job).await }.instrument(span));
     }

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::Shared;
 use super::admission::KeyState;
@@ -66,6 +66,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
             Ok(Begin::Resumed(hold)) => (hold, KeyState::Resumed),
             Ok(Begin::Busy(held_for)) => return KeyState::Busy(held_for),
             Ok(Begin::Done(_)) => return KeyState::Done,
+            Ok(Begin::Cancelled(cancel)) => return KeyState::Cancelled(cancel),
             Err(e) if e.kind() == ErrorKind::KeyConflict => return KeyState::Conflict(e.to_string()),
             Err(e) => return KeyState::Unreachable { failures: self.claiming.ledger_failed(), error: e.to_string() },
         };
@@ -94,8 +95,10 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     }
 
     /// Moves the job to its full lease before the handler runs, which marks it started.
-    pub(super) async fn mark_started(&self, attempt: &Attempt<'_>, held: &Held) {
-        let Some(renewal) = self.queue.renewal() else { return };
+    /// `Err(Stop::Cancelled)`: a person cancelled the job since its claim, and the handler must
+    /// not start.
+    pub(super) async fn mark_started(&self, attempt: &Attempt<'_>, held: &Held) -> Result<(), Stop> {
+        let Some(renewal) = self.queue.renewal() else { return Ok(()) };
         let asked = Instant::now();
         match renewal.renew(&attempt.lease(), self.config.lease).await {
             Ok(lease) => {
@@ -104,15 +107,20 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
                     attempt.hold_until(asked + self.config.lease);
                 }
             }
+            Err(e) if e.kind() == ErrorKind::Cancelled => {
+                info!("the job was cancelled before its handler started: it does not run");
+                return Err(Stop::Cancelled);
+            }
             Err(e) => warn!(error = %e, "could not mark the job started"),
         }
+        Ok(())
     }
 
     /// For as long as a handler runs (polled beside it, so it never holds the handler up): moves
     /// its job from the claim lease to the full lease, then keeps the key's hold alive. Returns
-    /// only when the hold is about to lapse without a renewal having got through (or was taken
-    /// over): the handler must stop.
-    pub(super) async fn keep_alive(&self, attempt: &Attempt<'_>, held: &Held) {
+    /// only when the handler must stop: the hold is about to lapse without a renewal having got
+    /// through (or was taken over), or a person cancelled the job.
+    pub(super) async fn keep_alive(&self, attempt: &Attempt<'_>, held: &Held) -> Stop {
         match held.mode {
             HoldMode::Lease => self.keep_lease_hold(attempt).await,
             HoldMode::Ledger => self.keep_ledger_hold(attempt, &held.hold).await,
@@ -121,51 +129,61 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
 
     /// The hold is the job's lease: renewing the lease keeps both, at every beat, heartbeat or
     /// not. A hung handler thus holds its job for as long as its process lives.
-    async fn keep_lease_hold(&self, attempt: &Attempt<'_>) {
+    async fn keep_lease_hold(&self, attempt: &Attempt<'_>) -> Stop {
         let Some(renewal) = self.queue.renewal() else {
             // Nothing renews it: the hold lasts the lease the job was claimed with.
-            return tokio::time::sleep_until(attempt.stop_by()).await;
+            tokio::time::sleep_until(attempt.stop_by()).await;
+            return Stop::Lapsing;
         };
         // Until it moves, the claim lease is the hold: one that cannot move lapses with it.
-        let Some(asked) = self.to_full_lease(attempt, renewal).await else { return };
+        let asked = match self.to_full_lease(attempt, renewal).await {
+            Ok(asked) => asked,
+            Err(stop) => return stop,
+        };
         attempt.hold_until(asked + self.config.lease);
         let mut beat = Instant::now() + self.beat_every();
         while self.next_beat(attempt, &mut beat).await {
             let asked = Instant::now();
             let renewed =
                 async { renewal.renew(&attempt.lease(), self.config.lease).await.map(|l| attempt.renewed(l)) };
-            if !self.extended(attempt, asked, renewed).await {
-                return;
+            if let Some(stop) = self.extended(attempt, asked, renewed).await {
+                return stop;
             }
         }
+        Stop::Lapsing
     }
 
     /// A hold in the ledger: extended there at every beat, for as long as the handler runs,
     /// heartbeat or not: it says "an attempt is alive", so a redelivery meanwhile waits instead of
     /// repeating the effect. The lease is moved to the full lease (which marks the job started),
     /// then extended only with the heartbeat on.
-    async fn keep_ledger_hold(&self, attempt: &Attempt<'_>, hold: &Hold) {
+    async fn keep_ledger_hold(&self, attempt: &Attempt<'_>, hold: &Hold) -> Stop {
         let renewal = self.queue.renewal();
         if let Some(renewal) = renewal {
-            // The hold does not depend on the move: it goes on whether the move got through.
-            let _ = self.to_full_lease(attempt, renewal).await;
+            // The hold does not depend on the move: it goes on whether the move got through,
+            // unless the job was cancelled.
+            if let Err(Stop::Cancelled) = self.to_full_lease(attempt, renewal).await {
+                return Stop::Cancelled;
+            }
         }
         let heartbeat = renewal.filter(|_| self.config.heartbeat.is_some());
         let every = self.beat_every();
         let mut beat = Instant::now() + every;
         while self.next_beat(attempt, &mut beat).await {
             let asked = Instant::now();
-            if !self.extended(attempt, asked, self.ledger.extend_hold(hold, self.config.lease)).await {
-                return;
+            if let Some(stop) = self.extended(attempt, asked, self.ledger.extend_hold(hold, self.config.lease)).await {
+                return stop;
             }
             if let Some(renewal) = heartbeat {
                 match tokio::time::timeout(every, renewal.renew(&attempt.lease(), self.config.lease)).await {
                     Ok(Ok(lease)) => attempt.renewed(lease),
+                    Ok(Err(e)) if e.kind() == ErrorKind::Cancelled => return cancelled(),
                     Ok(Err(e)) => warn!(error = %e, "heartbeat failed; another worker may take this job"),
                     Err(_) => warn!("heartbeat timed out; another worker may take this job"),
                 }
             }
         }
+        Stop::Lapsing
     }
 
     /// How often the hold is kept alive: the heartbeat, or a third of the lease with it off.
@@ -175,28 +193,30 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
 
     /// Moves the job from its claim lease to the full lease (which marks it started), trying
     /// again until the hold is about to lapse. Returns when the renewal that got through was
-    /// asked for; `None` if none did, or the claim lease had lapsed.
-    async fn to_full_lease(&self, attempt: &Attempt<'_>, renewal: &impl Renew) -> Option<Instant> {
+    /// asked for; why the handler must stop if none did (the claim lease had lapsed, or a
+    /// person cancelled the job).
+    async fn to_full_lease(&self, attempt: &Attempt<'_>, renewal: &impl Renew) -> std::result::Result<Instant, Stop> {
         loop {
             let asked = Instant::now();
             match tokio::time::timeout_at(attempt.stop_by(), renewal.renew(&attempt.lease(), self.config.lease)).await {
                 Ok(Ok(lease)) => {
                     attempt.renewed(lease);
-                    return Some(asked);
+                    return Ok(asked);
                 }
+                Ok(Err(e)) if e.kind() == ErrorKind::Cancelled => return Err(cancelled()),
                 Ok(Err(e)) if e.kind() == ErrorKind::LeaseLost => {
                     warn!("the job's claim lease lapsed before its handler started; another worker may run it");
-                    return None;
+                    return Err(Stop::Lapsing);
                 }
                 Ok(Err(e)) => {
                     warn!(error = %e, "could not move the job to its full lease; trying again");
                     let left = attempt.stop_by().saturating_duration_since(Instant::now());
                     tokio::time::sleep((self.claim_lease / 4).min(left)).await;
                 }
-                Err(_) => return None,
+                Err(_) => return Err(Stop::Lapsing),
             }
             if Instant::now() >= attempt.stop_by() {
-                return None;
+                return Err(Stop::Lapsing);
             }
         }
     }
@@ -212,27 +232,42 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
     }
 
     /// Waits for an extension of the hold asked for at `asked`, until the hold is about to lapse:
-    /// whether the handler may go on.
+    /// why the handler must stop, or `None` if it may go on.
     async fn extended(
         &self,
         attempt: &Attempt<'_>,
         asked: Instant,
         extension: impl Future<Output = Result<()>>,
-    ) -> bool {
+    ) -> Option<Stop> {
         match tokio::time::timeout_at(attempt.stop_by(), extension).await {
             Ok(Ok(())) => {
                 attempt.hold_until(asked + self.config.lease);
-                true
+                None
             }
+            Ok(Err(e)) if e.kind() == ErrorKind::Cancelled => Some(cancelled()),
             Ok(Err(e)) if e.kind() == ErrorKind::LeaseLost => {
                 warn!("another attempt took over the key's hold");
-                false
+                Some(Stop::Lapsing)
             }
             Ok(Err(e)) => {
                 warn!(error = %e, "could not extend the key's hold; trying again at the next beat");
-                true
+                None
             }
-            Err(_) => false,
+            Err(_) => Some(Stop::Lapsing),
         }
     }
+}
+
+/// Why a running handler must stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stop {
+    /// Its key's hold is about to lapse (or was taken over).
+    Lapsing,
+    /// A person cancelled the job: its lease renewal was refused.
+    Cancelled,
+}
+
+fn cancelled() -> Stop {
+    info!("the job was cancelled while it ran: its handler is stopped");
+    Stop::Cancelled
 }

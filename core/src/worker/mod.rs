@@ -315,6 +315,10 @@ impl<Q: Claim + DeadLetter + 'static, L: Ledger + 'static> WorkerBuilder<Q, L> {
         kinds.sort();
         Worker {
             shared: Arc::new(Shared {
+                messaging: Messaging {
+                    system: self.queue.messaging_system(),
+                    destination: self.queue.messaging_destination(),
+                },
                 claiming: Claiming::new(Kinds::Only(kinds), config.concurrency),
                 attempts: Attempts::new(self.handlers, self.timeouts, &config, claim_lease),
                 alerting: Alerting::new(self.alerts),
@@ -346,6 +350,8 @@ struct Shared<Q, L> {
     /// cannot renew.
     claim_lease: Duration,
     caps: Capabilities,
+    /// How the queue is named in jobs' spans.
+    messaging: Messaging,
     counters: Counters,
     claiming: Claiming,
     attempts: Attempts,
@@ -504,10 +510,46 @@ pub async fn stop_signal() {
     }
 }
 
-/// Every log event about a job carries its id, kind, attempt and key; never its payload.
-fn job_span(claimed: &Claimed) -> tracing::Span {
+/// How the queue is named in a job's span (OpenTelemetry's messaging attributes), read from the
+/// backend once.
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(not(feature = "otel"), allow(dead_code))]
+struct Messaging {
+    system: Option<&'static str>,
+    destination: Option<String>,
+}
+
+/// Every log event about a job carries its id, kind, attempt and key; never its payload. The span
+/// is a root: a job's work is its own, whatever span the worker was started in.
+///
+/// With the `otel` feature it is the consumer span of OpenTelemetry's messaging conventions
+/// (`process {kind}`, the system, the queue and the message id), the child of the producer's
+/// context on the job's first attempt, linked to it on a retry or a replay.
+#[cfg_attr(not(feature = "otel"), allow(unused_variables))]
+fn job_span(claimed: &Claimed, messaging: &Messaging) -> tracing::Span {
     let job = &claimed.job;
-    info_span!("job", id = %job.id, kind = %job.kind, attempt = job.attempt, key = %job.key)
+    #[cfg(not(feature = "otel"))]
+    let span = info_span!(parent: None, "job", id = %job.id, kind = %job.kind, attempt = job.attempt, key = %job.key);
+    #[cfg(feature = "otel")]
+    let span = {
+        let span = info_span!(
+            parent: None,
+            "job",
+            id = %job.id,
+            kind = %job.kind,
+            attempt = job.attempt,
+            key = %job.key,
+            otel.name = %format_args!("process {}", job.kind),
+            otel.kind = "consumer",
+            messaging.operation.type = "process",
+            messaging.system = messaging.system,
+            messaging.destination.name = messaging.destination.as_deref(),
+            messaging.message.id = %job.id,
+        );
+        crate::trace::otel::follow(&span, job);
+        span
+    };
+    span
 }
 
 #[cfg(test)]

@@ -32,8 +32,17 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         }
     }
 
-    /// Writes the job's failure record, then alerts.
+    /// Writes the job's failure record, then alerts. The record keeps the trace id of the
+    /// traceparent handed over (see [`Claim::dead_letter`]): with the `otel` feature, the failing
+    /// attempt's own, where its span has a context; else the producer's, as the job carries it.
     pub(super) async fn dead_letter(&self, claimed: &Claimed, error: &str) {
+        #[cfg(feature = "otel")]
+        let failing = crate::trace::otel::traceparent_of(&tracing::Span::current()).map(|traceparent| Claimed {
+            job: crate::job::JobRecord { traceparent: Some(traceparent), ..claimed.job.clone() },
+            ..claimed.clone()
+        });
+        #[cfg(feature = "otel")]
+        let claimed = failing.as_ref().unwrap_or(claimed);
         let record = match self.queue.dead_letter(claimed, error).await {
             Ok(record) => record,
             // Not tried again: on a broker a record is a message sent and one deleted, and a retry
@@ -67,9 +76,14 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
         loop {
             tokio::time::sleep_until(next).await;
             if let Some(renewal) = self.queue.renewal() {
-                match renewal.renew(&attempt.lease(), self.config.lease).await {
+                // Renewed even if a person cancelled it since: the settlement decides now.
+                match renewal.renew_settling(&attempt.lease(), self.config.lease).await {
                     Ok(lease) => attempt.renewed(lease),
-                    Err(e) if e.kind() == ErrorKind::LeaseLost => return std::future::pending().await,
+                    // Lost (or refused by a renewal that heeds a cancel): the settlement has the
+                    // rest of the lease.
+                    Err(e) if matches!(e.kind(), ErrorKind::LeaseLost | ErrorKind::Cancelled) => {
+                        return std::future::pending().await;
+                    }
                     Err(e) => {
                         debug!(error = %e, "could not extend the lease of a job being settled; trying again");
                         next = Instant::now() + margin / 8;

@@ -34,10 +34,16 @@ pub struct WorkerStats {
     pub alerted: u64,
     /// Jobs dropped unrun because they were claimed past their deadline (work worthless late).
     pub expired: u64,
+    /// Handlers stopped because a person cancelled their running job
+    /// ([`Jobs::cancel_job`](crate::Jobs::cancel_job)).
+    pub stopped: u64,
+    /// Jobs completed unrun because a person cancelled their key in the effect ledger
+    /// ([`Ledger::cancel_effect`](crate::kit::Ledger::cancel_effect): a broker's cancel).
+    pub withdrawn: u64,
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Counters([AtomicU64; 13]);
+pub(super) struct Counters([AtomicU64; 15]);
 
 #[derive(Clone, Copy)]
 pub(super) enum Count {
@@ -54,6 +60,8 @@ pub(super) enum Count {
     Alerted,
     Expired,
     TimedOut,
+    Stopped,
+    Withdrawn,
 }
 
 impl Count {
@@ -73,6 +81,8 @@ impl Count {
             Self::Alerted => "alerted",
             Self::Expired => "expired",
             Self::TimedOut => "timed_out",
+            Self::Stopped => "stopped",
+            Self::Withdrawn => "withdrawn",
         }
     }
 }
@@ -107,6 +117,8 @@ impl Counters {
             alerted: get(Count::Alerted),
             expired: get(Count::Expired),
             timed_out: get(Count::TimedOut),
+            stopped: get(Count::Stopped),
+            withdrawn: get(Count::Withdrawn),
         }
     }
 }

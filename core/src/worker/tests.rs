@@ -867,3 +867,85 @@ async fn a_workers_own_timeout_overrides_the_job_types() {
     assert_eq!((effects.lock().unwrap().clone(), *dropped.lock().unwrap()), (vec![3], 0));
     assert_eq!((stats.succeeded, stats.timed_out), (1, 0), "{stats:?}");
 }
+
+/// Completion wins over a cancel asked of a running job: a handler that finishes before its
+/// worker's next renewal has done its effect, which is never undone, and the job reads done. The
+/// same cancel asked of a job that runs on is stopped at the renewal, counted `stopped`, and the
+/// job ends cancelled with the audit, its handler dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_of_a_running_job_stops_it_unless_it_completes_first() {
+    use crate::backend::{CancelOutcome, JobQuery, JobState, Jobs};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    let backend = MemoryBackend::new();
+    let finish = Arc::new(tokio::sync::Notify::new());
+    let (started, effects) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let handler = {
+        let (finish, started, effects) = (Arc::clone(&finish), Arc::clone(&started), Arc::clone(&effects));
+        move |job: Ping, _ctx: JobContext| {
+            let (finish, started, effects) = (Arc::clone(&finish), Arc::clone(&started), Arc::clone(&effects));
+            async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                if job.n == 1 {
+                    finish.notified().await;
+                } else {
+                    tokio::time::sleep(Duration::from_secs(600)).await;
+                }
+                effects.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, JobError>(())
+            }
+        }
+    };
+    // Renewals every 100 ms: the second job's cancel is seen within one.
+    let config =
+        WorkerConfig { lease: Duration::from_millis(300), heartbeat: Some(Duration::from_millis(100)), ..fast() };
+    let worker =
+        Worker::builder(backend.clone(), backend.clone()).config(config).handle::<Ping>(handler).build().start();
+    let job_of = |n: u32| {
+        let backend = backend.clone();
+        async move {
+            let key = IdempotencyKey::builder("ping").fact("n", n).build().unwrap();
+            backend.list_jobs(&JobQuery { key: Some(key), ..JobQuery::default() }).await.unwrap().remove(0)
+        }
+    };
+    let wait_started = |n: u32| {
+        let started = Arc::clone(&started);
+        async move {
+            for _ in 0..500 {
+                if started.load(Ordering::SeqCst) >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            panic!("{n} handlers should have started");
+        }
+    };
+
+    // Completes right after the cancel, before a renewal: done, its effect kept.
+    backend.enqueue_job(&Ping { n: 1 }).await.unwrap();
+    wait_started(1).await;
+    let first = job_of(1).await;
+    assert_eq!(backend.cancel_job(&first.id, "late", "ana").await.unwrap(), CancelOutcome::Requested);
+    finish.notify_one();
+    succeeded(&worker, 1, Duration::from_secs(5)).await;
+    assert_eq!(job_of(1).await.state, JobState::Done, "completion wins over the cancel asked");
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+
+    // Runs on: stopped at the next renewal, the job cancelled with its audit.
+    backend.enqueue_job(&Ping { n: 2 }).await.unwrap();
+    wait_started(2).await;
+    let second = job_of(2).await;
+    assert_eq!(backend.cancel_job(&second.id, "withdrawn", "ben").await.unwrap(), CancelOutcome::Requested);
+    for _ in 0..200 {
+        if job_of(2).await.state == JobState::Cancelled {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stopped = job_of(2).await;
+    assert_eq!(stopped.state, JobState::Cancelled, "{stopped:?}");
+    assert_eq!(stopped.cancelled.map(|c| (c.reason, c.actor)), Some(("withdrawn".into(), "ben".into())));
+    assert_eq!(worker.stats().stopped, 1);
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "the stopped handler did no effect");
+    tokio::time::timeout(Duration::from_secs(5), worker.shutdown()).await.expect("no handler left to wait for");
+}

@@ -49,8 +49,9 @@ pub fn dead_record(
 impl FailureRecord {
     /// The open record `id` of `job` as it failed its last attempt (`job.attempt`) at
     /// `failed_at`: `last_error` and the history `errors` (oldest first, the last included) as
-    /// given, nothing cut. What every backend's dead letter builds from the claimed job
-    /// (memory, the brokers through [`FailureRecord::from_job`] and [`dead_record`]).
+    /// given, nothing cut, the trace id of its `traceparent` kept. What every backend's dead
+    /// letter builds from the claimed job (memory, the brokers through [`FailureRecord::from_job`]
+    /// and [`dead_record`]).
     pub fn open(
         id: FailureId,
         job: JobRecord,
@@ -59,6 +60,7 @@ impl FailureRecord {
         failed_at: DateTime<Utc>,
     ) -> Self {
         Self {
+            trace_id: job.trace_id().map(str::to_owned),
             id,
             job_id: job.id,
             kind: job.kind,
@@ -123,6 +125,7 @@ pub fn carried_job(
         deadline: None,
         not_before: None,
         replay_of: None,
+        traceparent: None,
         payload: Value::String(body.to_owned()),
     };
     (stand_in, Some(why))

@@ -10,7 +10,8 @@ use tracing::info;
 use super::convert::NOT_AN_ENVELOPE;
 use super::{Broker, drain};
 use crate::backend::{
-    DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayOutcome, refuse_amend, require_audit,
+    Cancellation, DeadLetter, FailureId, FailureQuery, FailureRecord, RecordState, Replay, ReplayOutcome, refuse_amend,
+    require_audit,
 };
 use crate::error::{Error, ErrorKind, Result, Retry};
 use crate::job::NewJob;
@@ -70,6 +71,21 @@ pub async fn confirm_replay<B: Broker>(broker: &B, record: &FailureId) -> Result
     let core = broker.core();
     if core.records().confirm_record(core.scope(), record).await? {
         info!(record = %record, "replay confirmed: its job's effect is done; the record is closed");
+    }
+    Ok(())
+}
+
+/// What a broker's [`Claim::withdraw_replay`](crate::kit::Claim::withdraw_replay) does: closes
+/// the replaying record `record` in the store as discarded, with the cancel's who and why.
+pub async fn withdraw_replay<B: Broker>(broker: &B, record: &FailureId, cancel: &Cancellation) -> Result<()> {
+    let core = broker.core();
+    let discarded = RecordState::Discarded {
+        at: Utc::now(),
+        reason: format!("its replayed job was cancelled: {}", cancel.reason),
+        actor: cancel.actor.clone(),
+    };
+    if core.records().discard_replaying(core.scope(), record, &discarded).await? {
+        info!(record = %record, actor = %cancel.actor, "replay withdrawn: its key was cancelled; the record is closed");
     }
     Ok(())
 }

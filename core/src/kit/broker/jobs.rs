@@ -24,6 +24,9 @@ impl<B: Broker> Jobs for B {
     }
 
     async fn cancel_job(&self, _id: &JobId, _reason: &str, _actor: &str) -> Result<CancelOutcome> {
-        Err(unsupported("cancel a job"))
+        Err(unsupported(
+            "cancel a job by id (cancel its key instead: `Ledger::cancel_effect`, or `redrive jobs cancel --key`, marks \
+             it in the workers' ledger)",
+        ))
     }
 }

@@ -36,7 +36,7 @@ mod history;
 mod jobs;
 
 pub use self::convert::{Known, carried_job, dead_record};
-pub use self::dead_letters::{REPLAY_WINDOW, confirm_replay};
+pub use self::dead_letters::{REPLAY_WINDOW, confirm_replay, withdraw_replay};
 pub use self::drain::drain;
 pub use self::held::{HELD_FOR, HELD_MAX, Held, TOKENS_KEPT};
 pub use self::history::{HISTORY, HISTORY_ERROR_LEN, HISTORY_ROOM, MAX_ERROR_LEN, add_error, clean, cut, last_error};

@@ -1,0 +1,2 @@
+-- The file's structure, page by page (`ok`, or what is wrong).
+PRAGMA quick_check

@@ -1,0 +1,61 @@
+//! `redrive doctor` on PostgreSQL, as an operator runs it: the rules as JSON with their verdicts,
+//! exit 1 once one fails, the fix named. A missing service fails the test; it never skips.
+
+mod common;
+
+use common::{database, database_url, redrive_command};
+use serde_json::Value;
+
+fn doctor(schema: &str) -> (Option<i32>, Value) {
+    let out = redrive_command(&database_url(), schema).args(["--json", "doctor"]).output().unwrap();
+    let json =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code(), json)
+}
+
+fn status<'a>(report: &'a Value, rule: &str) -> Vec<&'a Value> {
+    report["checks"].as_array().unwrap().iter().filter(|c| c["rule"] == rule).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_each_rule_and_fails_on_a_dropped_unique_index() {
+    let db = database().await;
+    let schema = db.schema().to_owned();
+    let autovacuum: String = redrive_postgres::sqlx::query_scalar("SELECT current_setting('autovacuum')")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    let (code, report) = doctor(&schema);
+    // This machine's server runs with autovacuum off (for the benchmarks): the one failing rule.
+    let server_fails = usize::from(autovacuum != "on");
+    assert_eq!(report["failed"], server_fails, "{report:#}");
+    assert_eq!(code, Some(if server_fails == 0 { 0 } else { 1 }), "{report:#}");
+    assert!(status(&report, "pg.unique-key").iter().all(|c| c["status"] == "pass"), "{report:#}");
+
+    let drop = format!("ALTER TABLE \"{schema}\".job_keys DROP CONSTRAINT job_keys_pkey");
+    redrive_postgres::sqlx::raw_sql(redrive_postgres::sqlx::AssertSqlSafe(drop)).execute(db.pool()).await.unwrap();
+    let (code, report) = doctor(&schema);
+    assert_eq!(code, Some(1), "{report:#}");
+    let broken = status(&report, "pg.unique-key");
+    let job_keys = broken.iter().find(|c| c["found"].as_str().unwrap().starts_with("job_keys")).unwrap();
+    assert_eq!(job_keys["status"], "fail");
+    assert!(job_keys["fix"].as_str().unwrap().contains("ADD PRIMARY KEY"), "{job_keys}");
+    assert_eq!(report["failed"], server_fails + 1, "{report:#}");
+}
+
+/// Connecting refuses an Azure queue without its poison queue; doctor reports it with the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_an_azure_queue_without_its_poison_queue() {
+    let db = database().await;
+    let name = format!("rdt-doctor-{}", common::unique().replace('_', "-"));
+    let account = common::azure_account();
+    account.queue_client(&name).unwrap().create(None).await.expect("Azurite is required (run scripts/test)");
+    let out = redrive_command(&format!("azure://{name}"), db.schema()).args(["--json", "doctor"]).output().unwrap();
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(out.status.code(), Some(1), "{report:#}");
+    let poison = status(&report, "azure.poison-queue");
+    assert_eq!(poison[0]["status"], "fail", "{report:#}");
+    assert!(poison[0]["fix"].as_str().unwrap().contains("AzureBackend::setup"), "{report:#}");
+    assert_eq!(status(&report, "azure.queue")[0]["status"], "pass", "{report:#}");
+}

@@ -1,0 +1,259 @@
+//! `redrive verify` end to end, as a team runs it in staging: the four tests against the real
+//! backend (PostgreSQL, SQLite, SQS on moto, Azure on Azurite) while an application worker
+//! consumes the same queue, the evidence read back, and `--check-fresh` passing, then failing on
+//! a changed key format. A missing service fails the test; it never skips.
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::{database, database_url, redrive_command, sqs_endpoint};
+use redrive_azure::{AzureBackend, QueueOptions};
+use redrive_core::kit::{Claim, Ledger};
+use redrive_core::{DeadLetter, Enqueue, EnqueueExt, JobError, RunningWorker, Worker};
+use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
+use serde_json::Value;
+
+/// The application's own job kind.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Ship {
+    n: u32,
+}
+
+impl redrive_core::Job for Ship {
+    const KIND: &'static str = "ship";
+    fn key(&self, key: redrive_core::KeyBuilder) -> redrive_core::KeyBuilder {
+        key.fact("n", self.n)
+    }
+}
+
+/// The application: a worker of "ship" jobs on the queue verify runs on, counting its effects.
+fn application<Q, L>(queue: Q, ledger: L) -> (RunningWorker, Arc<AtomicU32>)
+where
+    Q: Claim + DeadLetter + 'static,
+    L: Ledger + 'static,
+{
+    let shipped = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&shipped);
+    let worker = Worker::builder(queue, ledger)
+        .handle::<Ship>(move |_: Ship, _| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, JobError>(()) }
+        })
+        .poll(Duration::from_millis(250))
+        .build()
+        .start();
+    (worker, shipped)
+}
+
+fn redrive(backend: &str, schema: &str, args: &[&str]) -> Output {
+    redrive_command(backend, schema).args(args).output().expect("the redrive binary runs")
+}
+
+fn text(out: &Output) -> String {
+    format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// The one JSON evidence file in `dir`, kept with its Markdown twin in
+/// `$CARGO_TARGET_TMPDIR/verify-evidence/<scheme>` for `.ci/run` to list.
+fn evidence(dir: &Path, scheme: &str) -> Value {
+    let files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    assert_eq!(files.len(), 1, "one run, one JSON file: {files:?}");
+    let markdown = files[0].with_extension("md");
+    assert!(std::fs::read_to_string(&markdown).unwrap().starts_with("# redrive verify: passed"));
+    let kept = Path::new(env!("CARGO_TARGET_TMPDIR")).join("verify-evidence").join(scheme);
+    let _ = std::fs::remove_dir_all(&kept);
+    std::fs::create_dir_all(&kept).unwrap();
+    for file in [&files[0], &markdown] {
+        std::fs::copy(file, kept.join(file.file_name().unwrap())).unwrap();
+    }
+    serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap()
+}
+
+/// The item `what` of test `name`'s evidence.
+fn item<'a>(evidence: &'a Value, name: &str, what: &str) -> &'a Value {
+    let test = evidence["tests"].as_array().unwrap().iter().find(|t| t["name"] == name).expect(name);
+    assert_eq!(test["passed"], true, "{test:#}");
+    let item = test["items"].as_array().unwrap().iter().find(|i| i["what"] == what);
+    let item = item.unwrap_or_else(|| panic!("{name} keeps {what}: {test:#}"));
+    assert!(item["at"].as_str().is_some_and(|at| at.starts_with("20")), "every item is dated: {item}");
+    &item["detail"]
+}
+
+/// Runs `redrive verify` on `backend` while the application ships 20 jobs on the same queue,
+/// then reads the evidence and checks it with `--check-fresh`. `jobs_listed`: the backend lists
+/// its jobs (one job row per key is then part of the evidence).
+async fn verify_beside_the_application<Q: Enqueue>(
+    backend: &str,
+    schema: &str,
+    queue: &Q,
+    app: (RunningWorker, Arc<AtomicU32>),
+    jobs_listed: bool,
+) {
+    let (worker, shipped) = app;
+    for n in 1..=20 {
+        queue.enqueue_job(&Ship { n }).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let evidence_dir = dir.path().to_str().unwrap();
+    let run = {
+        let (backend, schema, evidence_dir) = (backend.to_owned(), schema.to_owned(), evidence_dir.to_owned());
+        tokio::task::spawn_blocking(move || {
+            redrive(&backend, &schema, &["verify", "--evidence", &evidence_dir, "--key-format", "ship=n"])
+        })
+    };
+    let out = run.await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    for name in ["replay", "race", "exhaust", "recover"] {
+        assert!(text(&out).lines().any(|l| l.starts_with(name) && l.contains("passed")), "{}", text(&out));
+    }
+    for _ in 0..200 {
+        if shipped.load(Ordering::SeqCst) >= 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stats = worker.shutdown().await;
+    assert_eq!(shipped.load(Ordering::SeqCst), 20, "the application's jobs ran once each: {stats:?}");
+    assert_eq!((stats.dead_lettered, stats.retried), (0, 0), "verify's jobs cost the application nothing");
+
+    let found = evidence(dir.path(), backend.split_once(':').map_or(backend, |(scheme, _)| scheme));
+    assert_eq!(found["passed"], true);
+    if let Some(password) = password(backend) {
+        assert!(!found["identity"]["backend"].as_str().unwrap().contains(password), "{found:#}");
+        assert!(!std::fs::read_to_string(evidence_markdown(dir.path())).unwrap().contains(password));
+    }
+    assert_eq!(found["identity"]["key_formats"]["ship"], "n");
+    let key = item(&found, "replay", "enqueue #1")["key"].as_str().unwrap().to_owned();
+    assert_eq!(item(&found, "replay", "enqueue #2")["key"], key.as_str(), "both enqueues share the key");
+    assert_eq!(item(&found, "replay", "effects")["count"], 1);
+    if jobs_listed {
+        assert_eq!(item(&found, "replay", "job rows")["count"], 1);
+    }
+    assert!(item(&found, "replay", "ledger entry").is_object());
+    assert_eq!(item(&found, "race", "effects")["count"], 1);
+    assert_eq!(item(&found, "race", "recorded skip")["count"], 1);
+    assert_eq!(item(&found, "race", "ledger entry")["state"], "done");
+    let record = item(&found, "exhaust", "failure record");
+    assert_eq!((&record["attempts"], &record["cap"]), (&5.into(), &5.into()), "{record}");
+    assert!(record["payload"]["run"].is_string() && record["last_error"].as_str().unwrap().contains("on purpose"));
+    assert_eq!(item(&found, "exhaust", "alert")["count"], 1);
+    assert!(item(&found, "exhaust", "alert")["alerts"][0]["raised_at"].is_string());
+    assert_eq!(item(&found, "recover", "record")["state"], "confirmed");
+    assert_eq!(item(&found, "recover", "effects")["count"], 1);
+
+    // It left nothing behind: no job, no record of its kind, its keys forgotten.
+    let cleaned = found["cleaned_up"].as_array().unwrap();
+    let forgotten = |test: &str| {
+        let entry = cleaned.iter().find(|c| c["key"].as_str().unwrap().ends_with(&format!(":test={test}")));
+        entry.unwrap_or_else(|| panic!("{test} cleaned up: {cleaned:?}"))["forgotten"].clone()
+    };
+    assert_eq!(forgotten("exhaust")["records"], 1, "{cleaned:?}");
+    assert!(forgotten("exhaust")["ledger"].as_u64().unwrap() >= 1, "its alert mark at least: {cleaned:?}");
+    assert_eq!(forgotten("race")["ledger"], 1, "{cleaned:?}");
+    if jobs_listed {
+        assert_eq!((&forgotten("replay")["jobs"], &forgotten("exhaust")["jobs"]), (&1.into(), &1.into()));
+    }
+    let records = redrive(backend, schema, &["failed", "list", "--state", "all", "--kind", "redrive_verify"]);
+    assert_eq!(records.status.code(), Some(2), "no record of verify's kind is left: {}", text(&records));
+    if jobs_listed {
+        let jobs = redrive(backend, schema, &["jobs", "list", "--kind", "redrive_verify"]);
+        assert_eq!(jobs.status.code(), Some(2), "no job of verify's kind is left: {}", text(&jobs));
+    }
+
+    // In CI: fresh while nothing changed; stale once a kind's key format did.
+    let fresh = redrive(backend, schema, &["verify", "--check-fresh", evidence_dir, "--key-format", "ship=n"]);
+    assert_eq!(fresh.status.code(), Some(0), "{}", text(&fresh));
+    let changed = redrive(backend, schema, &["verify", "--check-fresh", evidence_dir, "--key-format", "ship=n,zone"]);
+    assert_eq!(changed.status.code(), Some(1), "{}", text(&changed));
+    assert!(text(&changed).contains("key format of kind ship: n then, n,zone now"), "{}", text(&changed));
+    let old = redrive(
+        backend,
+        schema,
+        &["verify", "--check-fresh", evidence_dir, "--key-format", "ship=n", "--max-age", "0s"],
+    );
+    assert_eq!(old.status.code(), Some(1), "{}", text(&old));
+    let empty = tempfile::tempdir().unwrap();
+    let none = redrive(backend, schema, &["verify", "--check-fresh", empty.path().to_str().unwrap()]);
+    assert_eq!(none.status.code(), Some(1), "no evidence: {}", text(&none));
+}
+
+/// A URL's password, if it has one.
+fn password(url: &str) -> Option<&str> {
+    let (userinfo, _) = url.split_once("://")?.1.split_once('@')?;
+    userinfo.split_once(':').map(|(_, password)| password)
+}
+
+/// The Markdown evidence file in `dir`.
+fn evidence_markdown(dir: &Path) -> std::path::PathBuf {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "md"))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_passes_on_postgres_beside_the_application() {
+    let db = database().await;
+    let schema = db.schema().to_owned();
+    let app = application(db.clone(), db.clone());
+    // With a password (the server trusts this machine and ignores it): the evidence must not
+    // keep it.
+    let url = database_url();
+    let url = match url.split_once("://").and_then(|(scheme, rest)| Some((scheme, rest.split_once('@')?))) {
+        Some((scheme, (user, host))) if !user.contains(':') => format!("{scheme}://{user}:verify-secret@{host}"),
+        _ => url,
+    };
+    assert!(password(&url).is_some(), "the test URL has a password");
+    verify_beside_the_application(&url, &schema, &db, app, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_passes_on_sqlite_beside_the_application() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
+    let file = redrive_sqlite::SqliteBackend::open(redrive_sqlite::SqliteConfig::new(&path)).await.unwrap();
+    let app = application(file.clone(), file.clone());
+    verify_beside_the_application(&format!("sqlite://{}", path.display()), "-", &file, app, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_passes_on_sqs_beside_the_application() {
+    let db = database().await;
+    let schema = db.schema().to_owned();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    let name = format!("rdt-verify-{}-{nanos:x}", std::process::id());
+    let config = SqsConfig::new(&name)
+        .with_endpoint(sqs_endpoint())
+        .with_region("us-east-1")
+        .with_static_credentials("test", "test")
+        .with_max_wait(Duration::from_millis(200));
+    let queue = SqsBackend::setup(config, QueueSetup::default(), db.clone())
+        .await
+        .unwrap_or_else(|e| panic!("moto's SQS is required (run scripts/test): {e}"));
+    let app = application(queue.clone(), db.clone());
+    verify_beside_the_application(&format!("sqs://{name}"), &schema, &queue, app, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_passes_on_azure_beside_the_application() {
+    let db = database().await;
+    let schema = db.schema().to_owned();
+    let name = format!("rdt-verify-{}", common::unique().replace('_', "-"));
+    let account = common::azure_account();
+    let queue = AzureBackend::setup(&account, &name, QueueOptions::default(), db.clone())
+        .await
+        .unwrap_or_else(|e| panic!("Azurite is required (run scripts/test): {e}"));
+    let app = application(queue.clone(), db.clone());
+    verify_beside_the_application(&format!("azure://{name}"), &schema, &queue, app, false).await;
+}
