@@ -198,6 +198,7 @@ pub struct AnyOptions {
     schema: Option<String>,
     max_connections: Option<u32>,
     create_if_missing: bool,
+    qstash_max_retries: Option<u32>,
 }
 
 impl std::fmt::Debug for AnyOptions {
@@ -210,6 +211,7 @@ impl std::fmt::Debug for AnyOptions {
             .field("schema", &self.schema)
             .field("max_connections", &self.max_connections)
             .field("create_if_missing", &self.create_if_missing)
+            .field("qstash_max_retries", &self.qstash_max_retries)
             .finish()
     }
 }
@@ -217,7 +219,21 @@ impl std::fmt::Debug for AnyOptions {
 impl AnyOptions {
     /// The backend at `url` (see the [module's table](crate::any)).
     pub fn new(url: impl Into<String>) -> Self {
-        Self { url: url.into(), records: None, schema: None, max_connections: None, create_if_missing: false }
+        Self {
+            url: url.into(),
+            records: None,
+            schema: None,
+            max_connections: None,
+            create_if_missing: false,
+            qstash_max_retries: None,
+        }
+    }
+
+    /// The most retries the QStash plan allows a message (`QStashConfig::with_max_retries`); other
+    /// backends ignore it.
+    pub fn with_qstash_max_retries(mut self, retries: u32) -> Self {
+        self.qstash_max_retries = Some(retries);
+        self
     }
 
     /// The PostgreSQL database (`postgres://…`) where a broker (SQS, Azure, QStash) keeps its
@@ -280,7 +296,7 @@ impl AnyOptions {
             }
             #[cfg(all(feature = "qstash", feature = "postgres"))]
             "qstash" | "qstash+http" => {
-                let config = qstash_config(scheme, rest)?;
+                let config = self.qstash_config(scheme, rest)?;
                 let records = self.records(scheme).await?;
                 // The kinds' limits, kept in the same database, go to QStash as its flow control.
                 let config = config.with_flow(records.clone());
@@ -308,13 +324,42 @@ impl AnyOptions {
             #[cfg(feature = "sqlite")]
             "sqlite" => redrive_sqlite::doctor(std::path::Path::new(rest), expect).await,
             #[cfg(feature = "sqs")]
-            "sqs" => redrive_sqs::SqsConfig::new(rest).doctor(expect).await,
+            "sqs" => self.beside_records(redrive_sqs::SqsConfig::new(rest).doctor(expect).await?, expect).await,
             #[cfg(feature = "azure")]
-            "azure" => azure_account()?.doctor(rest, expect).await,
+            "azure" => self.beside_records(azure_account()?.doctor(rest, expect).await?, expect).await,
             #[cfg(feature = "qstash")]
-            "qstash" | "qstash+http" => qstash_config(scheme, rest)?.doctor(expect).await,
+            "qstash" | "qstash+http" => {
+                self.beside_records(self.qstash_config(scheme, rest)?.doctor(expect).await?, expect).await
+            }
             other => Err(unknown_scheme(Some(other))),
         }
+    }
+
+    /// A broker's checks, and its records database's beside them: where its records, their
+    /// alerts and its ledger are kept.
+    #[cfg(any(feature = "sqs", feature = "azure", feature = "qstash"))]
+    async fn beside_records(
+        &self,
+        mut checks: Vec<crate::doctor::Check>,
+        expect: &crate::doctor::Expect,
+    ) -> Result<Vec<crate::doctor::Check>> {
+        #[cfg(feature = "postgres")]
+        if self.records.is_some() {
+            checks.extend(self.records("").await?.doctor_broker_records(expect).await?);
+            return Ok(checks);
+        }
+        let _ = expect;
+        checks.push(crate::doctor::Check::warn(
+            "records.database",
+            "no records database given: the failure records, their alerts and the ledger were not checked",
+            "give the PostgreSQL database the workers keep them in (the command's --records or DATABASE_URL)",
+        ));
+        Ok(checks)
+    }
+
+    #[cfg(feature = "qstash")]
+    fn qstash_config(&self, scheme: &str, rest: &str) -> Result<redrive_qstash::QStashConfig> {
+        qstash_config_at(scheme, rest, self.qstash_max_retries)
     }
 
     #[cfg(feature = "postgres")]
@@ -359,7 +404,7 @@ fn azure_account() -> Result<redrive_azure::AzureConfig> {
 /// destination the workers' receiver is at (its records are scoped by it), `QSTASH_TOKEN`, and
 /// `QSTASH_URL` when set.
 #[cfg(feature = "qstash")]
-fn qstash_config(scheme: &str, rest: &str) -> Result<redrive_qstash::QStashConfig> {
+fn qstash_config_at(scheme: &str, rest: &str, max_retries: Option<u32>) -> Result<redrive_qstash::QStashConfig> {
     let plain = scheme == "qstash+http";
     let destination = format!("{}://{rest}", if plain { "http" } else { "https" });
     let token = std::env::var("QSTASH_TOKEN").map_err(|_| config_error("qstash:// needs QSTASH_TOKEN"))?;
@@ -369,6 +414,9 @@ fn qstash_config(scheme: &str, rest: &str) -> Result<redrive_qstash::QStashConfi
     }
     if plain {
         config = config.allow_plain_http();
+    }
+    if let Some(retries) = max_retries {
+        config = config.with_max_retries(retries);
     }
     Ok(config)
 }

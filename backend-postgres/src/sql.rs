@@ -97,6 +97,8 @@ queries!(
     doctor_autovacuum,
     doctor_vacuum,
     doctor_unalerted,
+    doctor_broker_open,
+    doctor_alert_marks,
     broker_purge,
     broker_mention,
     flow_kinds,

@@ -93,13 +93,14 @@ async fn a_table_without_autovacuum_fails_with_the_fix() {
     others_pass(&checks, "pg.autovacuum-tables");
 }
 
-/// Polls the doctor until `rule` has `status` (the statistics reach `pg_stat_user_tables` about a
-/// second after the writes); the last checks.
-async fn until(db: &PgBackend, rule: &str, status: Status) -> Vec<Check> {
+/// Polls the doctor until `rule` has `status` and has found `found` (the statistics reach
+/// `pg_stat_user_tables` about a second after the writes, the inserts' before the deletes'); the
+/// last checks.
+async fn until(db: &PgBackend, rule: &str, status: Status, found: &str) -> Vec<Check> {
     let mut checks = Vec::new();
     for _ in 0..150 {
         checks = db.doctor(&Expect::default()).await.unwrap();
-        if of(&checks, rule).iter().all(|c| c.status == status) {
+        if of(&checks, rule).iter().all(|c| c.status == status && c.found.contains(found)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -119,11 +120,11 @@ async fn dead_rows_past_what_starts_a_vacuum_warn_until_vacuumed() {
     )
     .await;
     exec(&db, "DELETE FROM {s}.processed_keys WHERE idempotency_key LIKE 'k%'").await;
-    let checks = until(&db, "pg.vacuum-analyze", Status::Warn).await;
+    let checks = until(&db, "pg.vacuum-analyze", Status::Warn, "12000 dead rows").await;
     holds(&checks, "pg.vacuum-analyze", Status::Warn, "VACUUM (ANALYZE)");
     assert!(of(&checks, "pg.vacuum-analyze")[0].found.contains("processed_keys: 12000 dead rows"), "{checks:#?}");
     exec(&db, "VACUUM (ANALYZE) {s}.processed_keys").await;
-    let checks = until(&db, "pg.vacuum-analyze", Status::Pass).await;
+    let checks = until(&db, "pg.vacuum-analyze", Status::Pass, "keep up").await;
     holds(&checks, "pg.vacuum-analyze", Status::Pass, "");
 }
 
@@ -177,6 +178,49 @@ async fn records_alerted_only_to_the_log_warn() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         worker.shutdown().await;
+        holds(&checks, "alerts.open-records", status, "WorkerBuilder::alert");
+    }
+}
+
+/// As a broker's records database: a record kept for an SQS queue (its id a message id, which
+/// the alert key encodes) fails once overdue and unalerted, warns alerted to the log alone, and
+/// passes alerted to a sink; the database's own rules are checked beside it.
+#[tokio::test]
+async fn a_broker_s_open_record_never_alerted_fails_and_passes_once_alerted() {
+    use redrive_core::FailureId;
+    use redrive_core::kit::RecordStore;
+
+    let db = backend("doctor_broker").await;
+    db.enqueue(charge(1)).await.unwrap();
+    let claimed = db.claim(&Kinds::Any, 1, Duration::from_secs(30), Duration::from_secs(5)).await.unwrap().remove(0);
+    let mut record = db.dead_letter(&claimed, "card declined").await.unwrap().expect("written at once");
+    // Only the broker's record is under test here.
+    exec(&db, "DELETE FROM {s}.failed_jobs").await;
+    record.id = FailureId("b7c1e0d2-41f3:rd/1 a=b".to_owned());
+    let queue = "arn:aws:sqs:us-east-1:000000000000:orders";
+    assert_eq!(db.keep_records(queue, std::slice::from_ref(&record)).await.unwrap(), 1);
+    let young = db.doctor_broker_records(&Expect::default()).await.unwrap();
+    holds(&young, "alerts.open-records", Status::Pass, "");
+    others_pass(&young, "none");
+    assert_eq!(of(&young, "pg.unique-key").len(), 4, "{young:#?}");
+    exec(&db, "UPDATE {s}.broker_records SET last_failed_at = now() - interval '1 hour'").await;
+    let overdue = db.doctor_broker_records(&Expect::default()).await.unwrap();
+    holds(&overdue, "alerts.open-records", Status::Fail, "alert sink");
+    assert!(of(&overdue, "alerts.open-records")[0].found.contains("b7c1e0d2-41f3:rd/1 a=b"), "{overdue:#?}");
+    let key = redrive_core::doctor::alert_key(&record.id).unwrap();
+    for (sink, status) in [("tracing", Status::Warn), ("webhook", Status::Pass)] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO \"{}\".processed_keys (idempotency_key, fingerprint, state, result) \
+             VALUES ($1, 'x', 'done', jsonb_build_object('sink', $2::text)) \
+             ON CONFLICT (idempotency_key) DO UPDATE SET result = excluded.result",
+            db.schema()
+        )))
+        .bind(key.as_str())
+        .bind(sink)
+        .execute(db.pool())
+        .await
+        .unwrap();
+        let checks = db.doctor_broker_records(&Expect::default()).await.unwrap();
         holds(&checks, "alerts.open-records", status, "WorkerBuilder::alert");
     }
 }

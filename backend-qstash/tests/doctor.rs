@@ -76,7 +76,10 @@ async fn a_destination_with_nothing_mounted_or_listening_fails() {
 #[tokio::test]
 async fn a_cap_beyond_the_plan_s_retries_fails() {
     let rig = common::rig().await;
-    let expect = Expect { cap: 8, qstash_max_retries: 5, ..Expect::default() };
+    let expect = Expect { cap: 8, ..Expect::default() };
     let checks = config(&rig, TOKEN, &rig.destination).doctor(&expect).await.unwrap();
     holds(&checks, "qstash.retries", Status::Fail, "with_max_retries");
+    let raised = config(&rig, TOKEN, &rig.destination).with_max_retries(7).doctor(&expect).await.unwrap();
+    holds(&raised, "qstash.retries", Status::Pass, "");
+    assert!(rule(&raised, "qstash.retries").found.contains("allows 7"), "{raised:#?}");
 }

@@ -101,8 +101,12 @@ impl Default for QueueSetup {
 impl SqsConfig {
     /// The SQS client this configuration reaches, counting its requests in `requests`.
     pub(crate) async fn client(&self, requests: &Arc<AtomicU64>) -> Client {
-        let shared = self.sdk_config().await;
-        let sqs = aws_sdk_sqs::config::Builder::from(&shared).interceptor(CountRequests(Arc::clone(requests))).build();
+        Self::client_from(&self.sdk_config().await, requests)
+    }
+
+    /// The SQS client on settings already loaded, for a caller that needs them for more than SQS.
+    pub(crate) fn client_from(shared: &aws_config::SdkConfig, requests: &Arc<AtomicU64>) -> Client {
+        let sqs = aws_sdk_sqs::config::Builder::from(shared).interceptor(CountRequests(Arc::clone(requests))).build();
         Client::from_conf(sqs)
     }
 

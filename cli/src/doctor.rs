@@ -42,13 +42,13 @@ impl DoctorArgs {
             cap: self.cap,
             job_timeout: self.job_timeout,
             functions: self.functions,
-            qstash_max_retries: self.max_retries,
         }
     }
 }
 
 /// Runs the rules; exit 1 when one fails (warnings pass).
 pub(crate) async fn run(target: &AnyOptions, out: &Output, args: &DoctorArgs) -> Result<Done> {
+    let target = target.clone().with_qstash_max_retries(args.max_retries);
     verdict(out, &target.doctor(&args.expect()).await?)
 }
 

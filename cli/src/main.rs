@@ -36,6 +36,8 @@ mod jobs;
 mod kind;
 mod output;
 mod verify;
+#[cfg(feature = "qstash")]
+mod verify_qstash;
 
 use std::process::ExitCode;
 use std::time::Duration;

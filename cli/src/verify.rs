@@ -97,6 +97,27 @@ pub(crate) struct Subject<Q, L> {
     pub(crate) queue: Q,
     pub(crate) ledger: L,
     pub(crate) own_ledger: bool,
+    /// What the service keeps of a key outside the ledger's store, forgotten first (QStash's DLQ
+    /// entries: a later drain would make their records again); how many entries it deleted.
+    pub(crate) forget_first: Option<ForgetFirst>,
+}
+
+/// Deletes what a service keeps of a key beside its records store; the number of entries.
+pub(crate) type ForgetFirst = Box<dyn Fn(IdempotencyKey) -> BoxFuture<'static, Result<u64>> + Send + Sync>;
+
+impl<B: Clone> Subject<B, B> {
+    /// A backend whose queue is its own ledger (PostgreSQL, SQLite).
+    pub(crate) fn own(backend: B) -> Self {
+        Self { queue: backend.clone(), ledger: backend, own_ledger: true, forget_first: None }
+    }
+}
+
+impl<Q, L> Subject<Q, L> {
+    /// A broker, with the database of its records and ledger.
+    #[cfg(any(feature = "sqs", feature = "azure", feature = "qstash"))]
+    pub(crate) fn broker(queue: Q, records: L) -> Self {
+        Self { queue, ledger: records, own_ledger: false, forget_first: None }
+    }
 }
 
 /// The run's settings.
@@ -123,17 +144,21 @@ pub(crate) async fn four_tests<Q: Queue, L: Store + Forget>(
         Ok::<_, Error>(())
     }
     .await;
-    let cleaned = clean_up(&subject.ledger, plan).await;
+    let cleaned = clean_up(&subject.ledger, subject.forget_first.as_ref(), plan).await;
     ran?;
     Ok((tests, cleaned?))
 }
 
 /// Forgets the keys of every test (jobs, records with their alert marks, ledger entries), in the
 /// store that keeps them: the backend's own, or a broker's records database.
-async fn clean_up<F: Forget>(store: &F, plan: &Plan) -> Result<Vec<Value>> {
+async fn clean_up<F: Forget>(store: &F, first: Option<&ForgetFirst>, plan: &Plan) -> Result<Vec<Value>> {
     let mut forgotten = Vec::new();
     for test in TESTS {
         let key = NewJob::from_job(&Probe { run: plan.run.clone(), test: test.to_owned() })?.key;
+        let entries = match first {
+            Some(forget) => Some(forget(key.clone()).await?),
+            None => None,
+        };
         // A job still running (a test that timed out) settles within its lease: look again.
         let mut tries = 0;
         let gone = loop {
@@ -143,7 +168,11 @@ async fn clean_up<F: Forget>(store: &F, plan: &Plan) -> Result<Vec<Value>> {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         };
-        forgotten.push(json!({ "key": key.as_str(), "forgotten": gone }));
+        let mut entry = json!({ "key": key.as_str(), "forgotten": gone });
+        if let Some(entries) = entries {
+            entry["service_entries"] = entries.into();
+        }
+        forgotten.push(entry);
     }
     Ok(forgotten)
 }
@@ -455,15 +484,6 @@ fn enqueued(answer: &Enqueued) -> Value {
     }
 }
 
-/// Refuses a backend verification cannot run on yet.
-pub(crate) fn unsupported(what: &str) -> Error {
-    let why = match what {
-        "qstash" => ": QStash pushes to the application's receiver, whose workers dead-letter a kind they do not run",
-        _ => "",
-    };
-    Error::new(ErrorKind::Unsupported, format!("redrive verify does not run on {what} yet{why}"))
-}
-
 /// `redrive verify`'s arguments.
 #[derive(Debug, clap::Args)]
 pub(crate) struct VerifyArgs {
@@ -482,6 +502,10 @@ pub(crate) struct VerifyArgs {
     /// The oldest evidence `--check-fresh` accepts.
     #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
     max_age: Duration,
+    /// QStash only: the address verify's own receiver listens on, where the URL's host and path
+    /// lead (QStash pushes verify's jobs there; the application's receiver never sees them).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
     /// How long each test may take to reach its expected state.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -521,26 +545,39 @@ pub(crate) async fn run(
         Plan { run: format!("{}-{}", started_at.format("%Y%m%dT%H%M%S"), std::process::id()), timeout: args.timeout };
     let (tests, cleaned_up) = match target {
         #[cfg(feature = "postgres")]
-        AnyBackend::Postgres(b) => {
-            four_tests(&Subject { queue: b.clone(), ledger: b.clone(), own_ledger: true }, &plan).await?
-        }
+        AnyBackend::Postgres(b) => four_tests(&Subject::own(b.clone()), &plan).await?,
         #[cfg(feature = "sqlite")]
-        AnyBackend::Sqlite(b) => {
-            four_tests(&Subject { queue: b.clone(), ledger: b.clone(), own_ledger: true }, &plan).await?
-        }
+        AnyBackend::Sqlite(b) => four_tests(&Subject::own(b.clone()), &plan).await?,
         #[cfg(feature = "sqs")]
-        AnyBackend::Sqs(q, records) => {
-            four_tests(&Subject { queue: q.clone(), ledger: records.clone(), own_ledger: false }, &plan).await?
-        }
+        AnyBackend::Sqs(q, records) => four_tests(&Subject::broker(q.clone(), records.clone()), &plan).await?,
         #[cfg(feature = "azure")]
-        AnyBackend::Azure(q, records) => {
-            four_tests(&Subject { queue: q.clone(), ledger: records.clone(), own_ledger: false }, &plan).await?
+        AnyBackend::Azure(q, records) => four_tests(&Subject::broker(q.clone(), records.clone()), &plan).await?,
+        #[cfg(feature = "qstash")]
+        AnyBackend::QStash(q, records) => {
+            // QStash pushes each message to its destination: verify serves a receiver of its own
+            // there, at a URL no application receiver answers (checked), so the application's
+            // workers never see its jobs, nor its DLQ entries theirs (records are per destination).
+            let listen = args.listen.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Config,
+                    "redrive verify on QStash serves its own receiver: give --listen ADDR, the address the \
+                     URL's host and path lead to (a destination no application receiver uses)",
+                )
+            })?;
+            let _receiver = crate::verify_qstash::serve(url, q, listen).await?;
+            let mut subject = Subject::broker(q.clone(), records.clone());
+            let dlq = q.clone();
+            subject.forget_first = Some(Box::new(move |key| {
+                let dlq = dlq.clone();
+                Box::pin(async move { dlq.forget_dlq_entries(&key).await })
+            }));
+            four_tests(&subject, &plan).await?
         }
-        // QStash pushes every message to the destination's receiver: the application's workers
-        // there hand a kind they do not run back a few times, then dead-letter it. Verification
-        // needs a receiver of its own, at a URL QStash can reach: not built yet.
-        #[allow(unreachable_patterns)]
-        _ => return Err(unsupported(target.scheme())),
+        // A backend added to the facade after this command.
+        other => {
+            let scheme = other.scheme();
+            return Err(Error::new(ErrorKind::Unsupported, format!("redrive verify does not run on {scheme} yet")));
+        }
     };
     let evidence = crate::evidence::Evidence {
         run: plan.run.clone(),

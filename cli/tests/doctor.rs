@@ -58,4 +58,15 @@ async fn doctor_reports_an_azure_queue_without_its_poison_queue() {
     assert_eq!(poison[0]["status"], "fail", "{report:#}");
     assert!(poison[0]["fix"].as_str().unwrap().contains("AzureBackend::setup"), "{report:#}");
     assert_eq!(status(&report, "azure.queue")[0]["status"], "pass", "{report:#}");
+    // The records database (DATABASE_URL) is checked beside the queue.
+    assert_eq!(status(&report, "pg.migrations")[0]["status"], "pass", "{report:#}");
+    assert_eq!(status(&report, "alerts.open-records")[0]["status"], "pass", "{report:#}");
+    let without = redrive_command(&format!("azure://{name}"), db.schema())
+        .env_remove("DATABASE_URL")
+        .args(["--json", "doctor"])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&without.stdout).unwrap();
+    assert_eq!(status(&report, "records.database")[0]["status"], "warn", "{report:#}");
+    assert!(status(&report, "pg.migrations").is_empty(), "{report:#}");
 }

@@ -1,6 +1,6 @@
 //! `redrive verify` end to end, as a team runs it in staging: the four tests against the real
-//! backend (PostgreSQL, SQLite, SQS on moto, Azure on Azurite) while an application worker
-//! consumes the same queue, the evidence read back, and `--check-fresh` passing, then failing on
+//! backend (PostgreSQL, SQLite, SQS on moto, Azure on Azurite, QStash's emulator) while an
+//! application worker consumes the same queue (on QStash, the same account), the evidence read back, and `--check-fresh` passing, then failing on
 //! a changed key format. A missing service fails the test; it never skips.
 
 mod common;
@@ -15,6 +15,8 @@ use common::{database, database_url, redrive_command, sqs_endpoint};
 use redrive_azure::{AzureBackend, QueueOptions};
 use redrive_core::kit::{Claim, Ledger};
 use redrive_core::{DeadLetter, Enqueue, EnqueueExt, JobError, RunningWorker, Worker};
+use redrive_qstash::{QStashBackend, QStashConfig};
+use redrive_qstash_emulator::{Emulator, RunningEmulator};
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
 use serde_json::Value;
 
@@ -50,8 +52,31 @@ where
     (worker, shipped)
 }
 
-fn redrive(backend: &str, schema: &str, args: &[&str]) -> Output {
-    redrive_command(backend, schema).args(args).output().expect("the redrive binary runs")
+/// What `redrive` is pointed at: the backend's URL, the schema, the settings a backend takes from
+/// the environment, and what `redrive verify` needs besides (QStash's `--listen`).
+#[derive(Clone)]
+struct Target {
+    url: String,
+    schema: String,
+    env: Vec<(&'static str, String)>,
+    verify: Vec<String>,
+}
+
+impl Target {
+    fn new(url: &str, schema: &str) -> Self {
+        Self { url: url.to_owned(), schema: schema.to_owned(), env: Vec::new(), verify: Vec::new() }
+    }
+}
+
+fn redrive(target: &Target, args: &[&str]) -> Output {
+    let mut command = redrive_command(&target.url, &target.schema);
+    command.envs(target.env.iter().map(|(k, v)| (k, v)));
+    if args.first() == Some(&"verify") && !args.contains(&"--check-fresh") {
+        command.arg("verify").args(&target.verify).args(&args[1..]);
+    } else {
+        command.args(args);
+    }
+    command.output().expect("the redrive binary runs")
 }
 
 fn text(out: &Output) -> String {
@@ -92,8 +117,7 @@ fn item<'a>(evidence: &'a Value, name: &str, what: &str) -> &'a Value {
 /// then reads the evidence and checks it with `--check-fresh`. `jobs_listed`: the backend lists
 /// its jobs (one job row per key is then part of the evidence).
 async fn verify_beside_the_application<Q: Enqueue>(
-    backend: &str,
-    schema: &str,
+    target: &Target,
     queue: &Q,
     app: (RunningWorker, Arc<AtomicU32>),
     jobs_listed: bool,
@@ -105,9 +129,9 @@ async fn verify_beside_the_application<Q: Enqueue>(
     let dir = tempfile::tempdir().unwrap();
     let evidence_dir = dir.path().to_str().unwrap();
     let run = {
-        let (backend, schema, evidence_dir) = (backend.to_owned(), schema.to_owned(), evidence_dir.to_owned());
+        let (target, evidence_dir) = (target.clone(), evidence_dir.to_owned());
         tokio::task::spawn_blocking(move || {
-            redrive(&backend, &schema, &["verify", "--evidence", &evidence_dir, "--key-format", "ship=n"])
+            redrive(&target, &["verify", "--evidence", &evidence_dir, "--key-format", "ship=n"])
         })
     };
     let out = run.await.unwrap();
@@ -126,6 +150,7 @@ async fn verify_beside_the_application<Q: Enqueue>(
     assert_eq!(shipped.load(Ordering::SeqCst), 20, "the application's jobs ran once each: {stats:?}");
     assert_eq!((stats.dead_lettered, stats.retried), (0, 0), "verify's jobs cost the application nothing");
 
+    let backend = target.url.as_str();
     let found = evidence(dir.path(), backend.split_once(':').map_or(backend, |(scheme, _)| scheme));
     assert_eq!(found["passed"], true);
     if let Some(password) = password(backend) {
@@ -163,27 +188,23 @@ async fn verify_beside_the_application<Q: Enqueue>(
     if jobs_listed {
         assert_eq!((&forgotten("replay")["jobs"], &forgotten("exhaust")["jobs"]), (&1.into(), &1.into()));
     }
-    let records = redrive(backend, schema, &["failed", "list", "--state", "all", "--kind", "redrive_verify"]);
+    let records = redrive(target, &["failed", "list", "--state", "all", "--kind", "redrive_verify"]);
     assert_eq!(records.status.code(), Some(2), "no record of verify's kind is left: {}", text(&records));
     if jobs_listed {
-        let jobs = redrive(backend, schema, &["jobs", "list", "--kind", "redrive_verify"]);
+        let jobs = redrive(target, &["jobs", "list", "--kind", "redrive_verify"]);
         assert_eq!(jobs.status.code(), Some(2), "no job of verify's kind is left: {}", text(&jobs));
     }
 
     // In CI: fresh while nothing changed; stale once a kind's key format did.
-    let fresh = redrive(backend, schema, &["verify", "--check-fresh", evidence_dir, "--key-format", "ship=n"]);
+    let fresh = redrive(target, &["verify", "--check-fresh", evidence_dir, "--key-format", "ship=n"]);
     assert_eq!(fresh.status.code(), Some(0), "{}", text(&fresh));
-    let changed = redrive(backend, schema, &["verify", "--check-fresh", evidence_dir, "--key-format", "ship=n,zone"]);
+    let changed = redrive(target, &["verify", "--check-fresh", evidence_dir, "--key-format", "ship=n,zone"]);
     assert_eq!(changed.status.code(), Some(1), "{}", text(&changed));
     assert!(text(&changed).contains("key format of kind ship: n then, n,zone now"), "{}", text(&changed));
-    let old = redrive(
-        backend,
-        schema,
-        &["verify", "--check-fresh", evidence_dir, "--key-format", "ship=n", "--max-age", "0s"],
-    );
+    let old = redrive(target, &["verify", "--check-fresh", evidence_dir, "--key-format", "ship=n", "--max-age", "0s"]);
     assert_eq!(old.status.code(), Some(1), "{}", text(&old));
     let empty = tempfile::tempdir().unwrap();
-    let none = redrive(backend, schema, &["verify", "--check-fresh", empty.path().to_str().unwrap()]);
+    let none = redrive(target, &["verify", "--check-fresh", empty.path().to_str().unwrap()]);
     assert_eq!(none.status.code(), Some(1), "no evidence: {}", text(&none));
 }
 
@@ -215,7 +236,7 @@ async fn verify_passes_on_postgres_beside_the_application() {
         _ => url,
     };
     assert!(password(&url).is_some(), "the test URL has a password");
-    verify_beside_the_application(&url, &schema, &db, app, true).await;
+    verify_beside_the_application(&Target::new(&url, &schema), &db, app, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,7 +245,7 @@ async fn verify_passes_on_sqlite_beside_the_application() {
     let path = dir.path().join("app.db");
     let file = redrive_sqlite::SqliteBackend::open(redrive_sqlite::SqliteConfig::new(&path)).await.unwrap();
     let app = application(file.clone(), file.clone());
-    verify_beside_the_application(&format!("sqlite://{}", path.display()), "-", &file, app, true).await;
+    verify_beside_the_application(&Target::new(&format!("sqlite://{}", path.display()), "-"), &file, app, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,7 +263,7 @@ async fn verify_passes_on_sqs_beside_the_application() {
         .await
         .unwrap_or_else(|e| panic!("moto's SQS is required (run scripts/test): {e}"));
     let app = application(queue.clone(), db.clone());
-    verify_beside_the_application(&format!("sqs://{name}"), &schema, &queue, app, false).await;
+    verify_beside_the_application(&Target::new(&format!("sqs://{name}"), &schema), &queue, app, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,5 +276,83 @@ async fn verify_passes_on_azure_beside_the_application() {
         .await
         .unwrap_or_else(|e| panic!("Azurite is required (run scripts/test): {e}"));
     let app = application(queue.clone(), db.clone());
-    verify_beside_the_application(&format!("azure://{name}"), &schema, &queue, app, false).await;
+    verify_beside_the_application(&Target::new(&format!("azure://{name}"), &schema), &queue, app, false).await;
+}
+
+/// The application on QStash: its receiver at `/app` on a listener of this test, its worker, and
+/// the emulator (the account verify shares with it).
+async fn qstash_application(db: &redrive_postgres::PgBackend) -> (RunningEmulator, QStashBackend, String) {
+    let emulator = Emulator::builder().token("verify-token").time_scale(0.01).start_local().await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let destination = format!("http://{}/app", listener.local_addr().unwrap());
+    let config = QStashConfig::new("verify-token", &destination).with_api_url(emulator.url()).allow_plain_http();
+    let backend = QStashBackend::connect(config, Arc::new(db.clone())).await.unwrap();
+    let app = axum::Router::new().route("/app", backend.receiver());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (emulator, backend, destination)
+}
+
+/// A loopback address nothing listens on (yet).
+fn free_address() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+fn qstash_target(emulator: &RunningEmulator, schema: &str, url: &str, listen: std::net::SocketAddr) -> Target {
+    Target {
+        url: url.to_owned(),
+        schema: schema.to_owned(),
+        env: vec![("QSTASH_TOKEN", "verify-token".to_owned()), ("QSTASH_URL", emulator.url())],
+        verify: vec!["--listen".to_owned(), listen.to_string()],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_passes_on_qstash_beside_the_application() {
+    let db = database().await;
+    let (emulator, backend, app_destination) = qstash_application(&db).await;
+    let app = application(backend.clone(), db.clone());
+    // Verify's own destination on the same account, leading to the receiver it serves.
+    let listen = free_address();
+    let target = qstash_target(&emulator, db.schema(), &format!("qstash+http://{listen}/verify"), listen);
+    verify_beside_the_application(&target, &backend, app, false).await;
+    // QStash's DLQ keeps nothing of verify's, and the application's destination got none of its jobs.
+    assert!(emulator.dlq_ids().is_empty(), "{:?}", emulator.dlq_entries());
+    let to_app = emulator.deliveries().into_iter().filter(|d| d.url == app_destination).count();
+    assert_eq!(to_app, 20, "the application's receiver got its 20 jobs and nothing else");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_on_qstash_refuses_the_application_s_destination_and_one_that_does_not_lead_to_it() {
+    let db = database().await;
+    let (emulator, backend, app_destination) = qstash_application(&db).await;
+    let (worker, _) = application(backend.clone(), db.clone());
+    let taken =
+        qstash_target(&emulator, db.schema(), &app_destination.replacen("http", "qstash+http", 1), free_address());
+    let dir = tempfile::tempdir().unwrap();
+    let evidence_dir = dir.path().to_str().unwrap().to_owned();
+    let args = ["verify", "--evidence", evidence_dir.as_str()];
+    let refused = tokio::task::spawn_blocking({
+        let (taken, args) = (taken.clone(), args.map(str::to_owned));
+        move || redrive(&taken, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(text(&refused).contains("a receiver already answers"), "{}", text(&refused));
+    // Not leading to --listen: the URL's port is another than the one verify listens on.
+    let elsewhere =
+        qstash_target(&emulator, db.schema(), &format!("qstash+http://{}/verify", free_address()), free_address());
+    let lost = tokio::task::spawn_blocking({
+        let args = args.map(str::to_owned);
+        move || redrive(&elsewhere, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    assert_eq!(lost.status.code(), Some(1), "{}", text(&lost));
+    assert!(text(&lost).contains("does not lead to --listen"), "{}", text(&lost));
+    // Nothing was sent: no message, no evidence.
+    assert_eq!(emulator.messages_accepted(), 0);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    let stats = worker.shutdown().await;
+    assert_eq!(stats.claimed, 0, "{stats:?}");
 }

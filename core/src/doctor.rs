@@ -67,8 +67,6 @@ pub struct Expect {
     /// An Azure Functions queue trigger reads the queue: it decodes base64 unless its host says
     /// otherwise, so plain-JSON messages fail it.
     pub functions: bool,
-    /// The most retries the QStash plan allows a message (`QStashConfig::max_retries`).
-    pub qstash_max_retries: u32,
 }
 
 impl Default for Expect {
@@ -79,7 +77,6 @@ impl Default for Expect {
             cap: crate::DEFAULT_CAP,
             job_timeout: None,
             functions: false,
-            qstash_max_retries: 5,
         }
     }
 }
@@ -130,6 +127,13 @@ pub fn migrations<'a>(
     } else {
         Check::pass(rule, format!("all {} migrations applied", applied.len()))
     }
+}
+
+/// The ledger key that holds a record's first alert to the workers' first sink, done once it was
+/// sent, with the sink's name as its result: what [`alerted`] reads where a record's id is not a
+/// number the store can write the key from (a broker's records).
+pub fn alert_key(record: &crate::FailureId) -> Option<crate::IdempotencyKey> {
+    crate::worker::alerts::alert_key(record, 0, 0)
 }
 
 /// The rule that open records were alerted: `open` records, of which `unalerted` (ids) are older

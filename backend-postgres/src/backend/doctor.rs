@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use redrive_core::Result;
 use redrive_core::doctor::{self, Applied, Check, Expect};
+use redrive_core::{FailureId, Result};
 use sqlx::Row;
 
 use super::PgBackend;
@@ -36,6 +36,22 @@ impl PgBackend {
         }
         let vacuum = vec![self.vacuum_analyze().await?];
         Ok(vec![migrations, self.unique_keys().await?, self.autovacuum().await?, vacuum, self.alerted(expect).await?]
+            .into_iter()
+            .flatten()
+            .collect())
+    }
+
+    /// Checks the rules this schema must hold as a broker's records database (SQS, Azure, QStash
+    /// keep their failure records and ledger here): its migrations, unique keys and vacuum as
+    /// [`Self::doctor`], and the open broker records (of every queue kept here) alerted.
+    pub async fn doctor_broker_records(&self, expect: &Expect) -> Result<Vec<Check>> {
+        let migrations = self.migrations().await?;
+        if migrations.iter().any(|c| c.found == NOT_MIGRATED) {
+            return Ok(migrations);
+        }
+        let vacuum = vec![self.vacuum_analyze().await?];
+        let alerted = vec![self.brokers_alerted(expect).await?];
+        Ok(vec![migrations, self.unique_keys().await?, self.autovacuum().await?, vacuum, alerted]
             .into_iter()
             .flatten()
             .collect())
@@ -187,5 +203,32 @@ impl PgBackend {
         let (open, unalerted, log_only): (i64, Vec<String>, i64) =
             (row.get("open"), row.get("unalerted"), row.get("log_only"));
         Ok(vec![doctor::alerted(open.max(0) as u64, &unalerted, log_only.max(0) as u64, expect)])
+    }
+
+    /// The alerts rule over broker records, whose ids (a broker's message ids) go into their alert
+    /// keys through the key's encoding, so the keys are built here rather than in SQL.
+    async fn brokers_alerted(&self, expect: &Expect) -> Result<Check> {
+        let rows = q(&self.inner.sql.doctor_broker_open)
+            .bind(expect.alert_grace.as_secs_f64())
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "read the open broker records"))?;
+        let open: i64 = rows.first().map_or(0, |r| r.get("open"));
+        let records: Vec<(FailureId, bool)> = rows.iter().map(|r| (FailureId(r.get("id")), r.get("overdue"))).collect();
+        let keys: Vec<String> =
+            records.iter().filter_map(|(id, _)| doctor::alert_key(id)).map(|k| k.as_str().to_owned()).collect();
+        let marks: BTreeMap<String, Option<String>> = q(&self.inner.sql.doctor_alert_marks)
+            .bind(&keys)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "read the open broker records' alerts"))?
+            .iter()
+            .map(|r| (r.get("idempotency_key"), r.get("sink")))
+            .collect();
+        let mark = |id: &FailureId| doctor::alert_key(id).and_then(|k| marks.get(k.as_str()).cloned());
+        let unalerted: Vec<String> =
+            records.iter().filter(|(id, overdue)| *overdue && mark(id).is_none()).map(|(id, _)| id.0.clone()).collect();
+        let log_only = records.iter().filter(|(id, _)| mark(id).flatten().as_deref() == Some("tracing")).count();
+        Ok(doctor::alerted(open.max(0) as u64, &unalerted, log_only as u64, expect))
     }
 }

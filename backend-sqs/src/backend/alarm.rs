@@ -30,6 +30,10 @@ pub(super) struct Alarm {
     pub(super) acts: bool,
 }
 
+fn unsigned(e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::new(ErrorKind::Config, "cannot sign the alarms request").with_source(e)
+}
+
 /// Every alarm of the account and region (CloudWatch's `DescribeAlarms`, paged).
 pub(super) async fn describe(config: &SdkConfig, endpoint: Option<&str>) -> Result<Vec<Alarm>> {
     let region = config.region().map_or("us-east-1", |r| r.as_ref()).to_owned();
@@ -65,14 +69,12 @@ pub(super) async fn describe(config: &SdkConfig, endpoint: Option<&str>) -> Resu
             .time(SystemTime::now())
             .settings(SigningSettings::default())
             .build()
-            .map_err(|e| Error::new(ErrorKind::Config, "cannot sign the alarms request").with_source(e))?
+            .map_err(unsigned)?
             .into();
         let signable =
             SignableRequest::new("POST", endpoint.as_str(), headers.into_iter(), SignableBody::Bytes(body.as_bytes()))
-                .map_err(|e| Error::new(ErrorKind::Config, "cannot sign the alarms request").with_source(e))?;
-        let (instructions, _) = sign(signable, &params)
-            .map_err(|e| Error::new(ErrorKind::Config, "cannot sign the alarms request").with_source(e))?
-            .into_parts();
+                .map_err(unsigned)?;
+        let (instructions, _) = sign(signable, &params).map_err(unsigned)?.into_parts();
         let mut request = http.post(&endpoint).body(body);
         for (name, value) in headers.into_iter().chain(instructions.headers()) {
             request = request.header(name, value);

@@ -58,14 +58,15 @@ impl SqsConfig {
     /// queue in the same account and region that keeps messages longer and takes messages as
     /// large, and a CloudWatch alarm that acts on the messages waiting in it. Reads only.
     pub async fn doctor(&self, expect: &Expect) -> Result<Vec<Check>> {
-        let client = self.client(&Default::default()).await;
+        // One load of the AWS settings serves both SQS and CloudWatch.
+        let aws = self.sdk_config().await;
+        let client = Self::client_from(&aws, &Default::default());
         let facts = Facts::read(&client, &self.queue).await?;
         let mut checks = judge(&facts, expect);
         if facts.dlq.is_some()
             && let Ok((arn, _)) = policy(&facts.source)
         {
             let dlq = arn.rsplit(':').next().unwrap_or_default();
-            let aws = self.sdk_config().await;
             checks.push(alarm::rule(dlq, alarm::describe(&aws, self.endpoint.as_deref()).await));
         }
         Ok(checks)

@@ -18,7 +18,7 @@ use tracing::{debug, error, warn};
 
 use super::{Count, Shared};
 use crate::alert::{Alert, AlertSink};
-use crate::backend::{Begin, Claim, DeadLetter, FailureQuery, FailureRecord, Ledger};
+use crate::backend::{Begin, Claim, DeadLetter, FailureId, FailureQuery, FailureRecord, Ledger};
 use crate::key::{IdempotencyKey, ProviderKey};
 use crate::policy::Backoff;
 
@@ -53,8 +53,8 @@ pub(super) const MAX_REMINDERS: u32 = 16;
 const ALERT_TRIES: u32 = 4;
 
 /// The ledger key of one record's alert (`reminder` 0) or n-th reminder to sink number `sink`.
-pub(super) fn alert_key(record: &FailureRecord, sink: usize, reminder: u32) -> Option<IdempotencyKey> {
-    let key = IdempotencyKey::builder(ALERT_KIND).fact("record", &record.id.0).fact("sink", sink);
+pub(crate) fn alert_key(record: &FailureId, sink: usize, reminder: u32) -> Option<IdempotencyKey> {
+    let key = IdempotencyKey::builder(ALERT_KIND).fact("record", &record.0).fact("sink", sink);
     let key = if reminder == 0 { key } else { key.fact("reminder", reminder) };
     key.build().ok()
 }
@@ -83,7 +83,7 @@ impl<Q: Claim + DeadLetter, L: Ledger> Shared<Q, L> {
 
     async fn alert_sink(&self, n: usize, sink: &dyn AlertSink, alert: &Alert) {
         let record = &alert.record.id;
-        let Some(key) = alert_key(&alert.record, n, alert.reminder) else {
+        let Some(key) = alert_key(&alert.record.id, n, alert.reminder) else {
             return error!(%record, "cannot make the alert's ledger key; alert not sent");
         };
         let payload = json!({ "record": record, "sink": n });

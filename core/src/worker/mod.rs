@@ -19,7 +19,7 @@
 //! - `handler.rs`, `stats.rs`: the handler API and the counters.
 
 mod admission;
-mod alerts;
+pub(crate) mod alerts;
 mod attempt;
 mod claiming;
 mod flow;
