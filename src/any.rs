@@ -90,6 +90,10 @@ pub enum AnyBackend {
     #[cfg(all(feature = "qstash", feature = "postgres"))]
     #[cfg_attr(docsrs, doc(cfg(all(feature = "qstash", feature = "postgres"))))]
     QStash(redrive_qstash::QStashBackend, redrive_postgres::PgBackend),
+    /// A pgmq queue, and the database of its failure records and flow control (the same one).
+    #[cfg(feature = "pgmq")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "pgmq")))]
+    Pgmq(redrive_pgmq::PgmqBackend, redrive_postgres::PgBackend),
 }
 
 /// Runs the same call on whichever backend it is.
@@ -106,6 +110,8 @@ macro_rules! on {
             AnyBackend::Azure(ref $b, _) => $call,
             #[cfg(all(feature = "qstash", feature = "postgres"))]
             AnyBackend::QStash(ref $b, _) => $call,
+            #[cfg(feature = "pgmq")]
+            AnyBackend::Pgmq(ref $b, _) => $call,
         }
     };
 }
@@ -125,6 +131,8 @@ macro_rules! flow {
             AnyBackend::Azure(_, ref $f) => $call,
             #[cfg(all(feature = "qstash", feature = "postgres"))]
             AnyBackend::QStash(_, ref $f) => $call,
+            #[cfg(feature = "pgmq")]
+            AnyBackend::Pgmq(_, ref $f) => $call,
         }
     };
 }
@@ -143,6 +151,8 @@ impl AnyBackend {
             Self::Azure(..) => "azure",
             #[cfg(all(feature = "qstash", feature = "postgres"))]
             Self::QStash(..) => "qstash",
+            #[cfg(feature = "pgmq")]
+            Self::Pgmq(..) => "pgmq",
         }
     }
 }
@@ -170,6 +180,7 @@ pub const SCHEMES: &[Scheme] = &[
         features: "qstash, postgres",
         built: cfg!(all(feature = "qstash", feature = "postgres")),
     },
+    Scheme { names: &["pgmq"], features: "pgmq", built: cfg!(feature = "pgmq") },
 ];
 
 /// A URL scheme of [`SCHEMES`].
@@ -294,6 +305,12 @@ impl AnyOptions {
                 let queue = redrive_azure::AzureBackend::connect(&account, rest, options, records.clone()).await?;
                 Ok(AnyBackend::Azure(queue, records))
             }
+            #[cfg(feature = "pgmq")]
+            "pgmq" => {
+                let records = self.records(scheme).await?;
+                let config = redrive_pgmq::PgmqConfig::new(rest);
+                Ok(AnyBackend::Pgmq(redrive_pgmq::PgmqBackend::connect(config, records.clone()).await?, records))
+            }
             #[cfg(all(feature = "qstash", feature = "postgres"))]
             "qstash" | "qstash+http" => {
                 let config = self.qstash_config(scheme, rest)?;
@@ -327,6 +344,13 @@ impl AnyOptions {
             "sqs" => self.beside_records(redrive_sqs::SqsConfig::new(rest).doctor(expect).await?, expect).await,
             #[cfg(feature = "azure")]
             "azure" => self.beside_records(azure_account()?.doctor(rest, expect).await?, expect).await,
+            #[cfg(feature = "pgmq")]
+            "pgmq" => {
+                let records = self.records(scheme).await?;
+                let mut checks = redrive_pgmq::PgmqConfig::new(rest).doctor(&records).await?;
+                checks.extend(records.doctor_broker_records(expect).await?);
+                Ok(checks)
+            }
             #[cfg(feature = "qstash")]
             "qstash" | "qstash+http" => {
                 self.beside_records(self.qstash_config(scheme, rest)?.doctor(expect).await?, expect).await
@@ -375,7 +399,7 @@ impl AnyOptions {
     }
 
     /// The database a broker keeps its failure records in.
-    #[cfg(all(feature = "postgres", any(feature = "sqs", feature = "azure", feature = "qstash")))]
+    #[cfg(all(feature = "postgres", any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq")))]
     async fn records(&self, scheme: &str) -> Result<redrive_postgres::PgBackend> {
         let url = self.records.as_deref().ok_or_else(|| {
             config_error(format!(
@@ -533,7 +557,10 @@ impl Jobs for AnyBackend {
             AnyBackend::Postgres(ref b) => b.cancel_key(key, reason, actor).await,
             #[cfg(feature = "sqlite")]
             AnyBackend::Sqlite(ref b) => b.cancel_key(key, reason, actor).await,
-            #[cfg(all(feature = "postgres", any(feature = "sqs", feature = "azure", feature = "qstash")))]
+            #[cfg(all(
+                feature = "postgres",
+                any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq")
+            ))]
             _ => {
                 let ledger = self.broker_ledger().expect("every other variant is a broker's");
                 Ok((None, redrive_core::kit::Ledger::cancel_effect(ledger, key, reason, actor).await?))
@@ -551,7 +578,10 @@ impl Forget for AnyBackend {
             AnyBackend::Postgres(ref b) => b.forget_key(key).await,
             #[cfg(feature = "sqlite")]
             AnyBackend::Sqlite(ref b) => b.forget_key(key).await,
-            #[cfg(all(feature = "postgres", any(feature = "sqs", feature = "azure", feature = "qstash")))]
+            #[cfg(all(
+                feature = "postgres",
+                any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq")
+            ))]
             _ => self.broker_ledger().expect("every other variant is a broker's").forget_key(key).await,
         }
     }
@@ -559,7 +589,7 @@ impl Forget for AnyBackend {
 
 impl AnyBackend {
     /// A broker's records database, its workers' ledger.
-    #[cfg(all(feature = "postgres", any(feature = "sqs", feature = "azure", feature = "qstash")))]
+    #[cfg(all(feature = "postgres", any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq")))]
     fn broker_ledger(&self) -> Option<&redrive_postgres::PgBackend> {
         match *self {
             #[cfg(all(feature = "sqs", feature = "postgres"))]
@@ -568,6 +598,8 @@ impl AnyBackend {
             AnyBackend::Azure(_, ref records) => Some(records),
             #[cfg(all(feature = "qstash", feature = "postgres"))]
             AnyBackend::QStash(_, ref records) => Some(records),
+            #[cfg(feature = "pgmq")]
+            AnyBackend::Pgmq(_, ref records) => Some(records),
             #[allow(unreachable_patterns)]
             _ => None,
         }

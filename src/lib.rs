@@ -15,10 +15,24 @@
 pub use redrive_core::*;
 
 // The registry of backends by URL (its docs are the module's own).
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "sqs", feature = "azure", feature = "qstash"))]
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "sqs",
+    feature = "azure",
+    feature = "qstash",
+    feature = "pgmq"
+))]
 #[cfg_attr(
     docsrs,
-    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "sqs", feature = "azure", feature = "qstash")))
+    doc(cfg(any(
+        feature = "postgres",
+        feature = "sqlite",
+        feature = "sqs",
+        feature = "azure",
+        feature = "qstash",
+        feature = "pgmq"
+    )))
 )]
 pub mod any;
 
@@ -56,4 +70,12 @@ pub mod azure {
 #[cfg_attr(docsrs, doc(cfg(feature = "qstash")))]
 pub mod qstash {
     pub use redrive_qstash::*;
+}
+
+/// pgmq (Supabase Queues): its queues in your PostgreSQL database, settlements fenced on the
+/// read, failure records and replay beside them.
+#[cfg(feature = "pgmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "pgmq")))]
+pub mod pgmq {
+    pub use redrive_pgmq::*;
 }

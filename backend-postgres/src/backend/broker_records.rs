@@ -33,36 +33,54 @@ fn not_found(id: &FailureId) -> Error {
     Error::new(ErrorKind::NotFound, format!("no failure record {id}"))
 }
 
+impl PgBackend {
+    /// [`RecordStore::keep_records`] in the caller's transaction, for a queue in this database
+    /// (pgmq) that moves a message and keeps its record in one commit. The transaction holds the
+    /// queue's record lock until it ends: keep it short.
+    pub async fn keep_records_in(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        queue: &str,
+        records: &[FailureRecord],
+    ) -> Result<u64> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let column = |f: fn(&FailureRecord) -> String| records.iter().map(f).collect::<Vec<_>>();
+        let bodies = column(|r| serde_json::to_string(r).expect("a record serializes"));
+        // One writer per queue at a time, so that `seq` follows commit order: a reader paging
+        // by `seq` never passes a record that commits later with a lower one.
+        q(&self.inner.sql.broker_lock)
+            .bind(queue)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db(e, "keep failure records"))?;
+        let kept: i64 = q(&self.inner.sql.broker_keep)
+            .bind(queue)
+            .bind(column(|r| r.id.0.clone()))
+            .bind(column(|r| r.job_id.0.clone()))
+            .bind(column(|r| r.kind.clone()))
+            .bind(column(|r| r.key.as_str().to_owned()))
+            .bind(records.iter().map(|r| r.last_failed_at).collect::<Vec<_>>())
+            .bind(bodies)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| db(e, "keep failure records"))?
+            .get("kept");
+        Ok(kept.max(0) as u64)
+    }
+}
+
 impl RecordStore for PgBackend {
     fn keep_records<'a>(&'a self, queue: &'a str, records: &'a [FailureRecord]) -> BoxFuture<'a, Result<u64>> {
         Box::pin(async move {
             if records.is_empty() {
                 return Ok(0);
             }
-            let column = |f: fn(&FailureRecord) -> String| records.iter().map(f).collect::<Vec<_>>();
-            let bodies = column(|r| serde_json::to_string(r).expect("a record serializes"));
-            // One writer per queue at a time, so that `seq` follows commit order: a reader paging
-            // by `seq` never passes a record that commits later with a lower one.
             let mut tx = self.inner.pool.begin().await.map_err(|e| db(e, "keep failure records"))?;
-            q(&self.inner.sql.broker_lock)
-                .bind(queue)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db(e, "keep failure records"))?;
-            let kept: i64 = q(&self.inner.sql.broker_keep)
-                .bind(queue)
-                .bind(column(|r| r.id.0.clone()))
-                .bind(column(|r| r.job_id.0.clone()))
-                .bind(column(|r| r.kind.clone()))
-                .bind(column(|r| r.key.as_str().to_owned()))
-                .bind(records.iter().map(|r| r.last_failed_at).collect::<Vec<_>>())
-                .bind(bodies)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| db(e, "keep failure records"))?
-                .get("kept");
+            let kept = self.keep_records_in(&mut tx, queue, records).await?;
             tx.commit().await.map_err(|e| db(e, "keep failure records"))?;
-            Ok(kept.max(0) as u64)
+            Ok(kept)
         })
     }
 
