@@ -11,7 +11,7 @@
 //! |---|---|
 //! | enqueue | `pgmq.send` with the [envelope](redrive_core::kit::Envelope) as the message and the job's `not_before` as its visibility time; a batch in one statement (all or none) |
 //! | dedupe | none at the queue: both copies are sent, and the effect ledger keeps the effect to one |
-//! | claim | `pgmq.read` (the lease in whole seconds); attempt = `read_ct`; the lease's token is the read's `last_read_at` |
+//! | claim | `pgmq.read`'s statement, by the envelope's `kind` (the lease in whole seconds); attempt = `read_ct`; the lease's token is the read's `last_read_at` |
 //! | complete | pgmq's delete, fenced on the read: `LeaseLost` if another read took the message |
 //! | retry | hidden for the delay (fenced), the error history in the message's `headers` (`redrive.errors`) |
 //! | defer, release | hidden for the delay (fenced), the read given back (`read_ct` − 1) |

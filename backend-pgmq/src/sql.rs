@@ -7,7 +7,8 @@ use sqlx::AssertSqlSafe;
 
 macro_rules! statements {
     ($($name:ident),* $(,)?) => {
-        /// Every statement, for one queue.
+        /// Every statement, for one queue (`mention` is the test aid's).
+        #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
         pub(crate) struct Sql { $(pub(crate) $name: Arc<str>,)* }
 
         impl Sql {

@@ -23,10 +23,8 @@ async fn a_worker_process_killed_mid_job_leaves_every_job_to_the_next_once() {
         redrive_conformance::hang_until_killed(queue, store).await;
     }
     let (queue, ledger) = common::queue("kill").await;
-    let env = [
-        ("REDRIVE_KILL_QUEUE", queue.queue_name().to_owned()),
-        ("REDRIVE_KILL_SCHEMA", ledger.schema().to_owned()),
-    ];
+    let env =
+        [("REDRIVE_KILL_QUEUE", queue.queue_name().to_owned()), ("REDRIVE_KILL_SCHEMA", ledger.schema().to_owned())];
     let test = "a_worker_process_killed_mid_job_leaves_every_job_to_the_next_once";
     redrive_conformance::kill_worker_mid_job(test, &env, EnqueueJobs::BeforeChild, &queue, &ledger, async {}).await;
 }

@@ -139,10 +139,11 @@ enum Command {
     /// writes dated evidence (JSON and Markdown). `--check-fresh DIR` checks that evidence
     /// instead: passed, recent, and of this backend, configuration and key formats.
     Verify(verify::VerifyArgs),
-    /// The configuration rules of this backend (PostgreSQL and SQLite so far): migrations
-    /// current, the unique indexes the keys rely on, autovacuum (PostgreSQL) or the file's
-    /// soundness (SQLite), open records alerted. Each with pass, warn or
-    /// fail, what was found and the fix; exit 1 when a rule fails.
+    /// The configuration rules of this backend (docs/VERIFY.md has them all): a database's
+    /// migrations, unique keys, vacuum and alerted records; a broker's queue settings (SQS's
+    /// visibility, redrive policy and alarm, Azure's poison queue and time to live, QStash's
+    /// retries, keys and destination, pgmq's queue) with its records database beside them.
+    /// Each with pass, warn or fail, what was found and the fix; exit 1 when a rule fails.
     Doctor(doctor::DoctorArgs),
 }
 
@@ -402,7 +403,13 @@ async fn run(cli: &Cli) -> redrive::Result<Done> {
         Command::Kind { command } => kind::run(&target, &out, command).await,
         Command::Jobs { command } => jobs::run(&target, &out, command).await,
         Command::Doctor(_) => unreachable!("checked above"),
-        Command::Verify(args) => verify::run(cli.backend.as_deref().unwrap_or_default(), &target, &out, args).await,
+        Command::Verify(args) => {
+            // Its workers' warnings (a refused settlement, a store that failed) go to stderr;
+            // `RUST_LOG` for more.
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+            tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+            verify::run(cli.backend.as_deref().unwrap_or_default(), &target, &out, args).await
+        }
     }
 }
 

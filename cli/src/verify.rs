@@ -114,7 +114,7 @@ impl<B: Clone> Subject<B, B> {
 
 impl<Q, L> Subject<Q, L> {
     /// A broker, with the database of its records and ledger.
-    #[cfg(any(feature = "sqs", feature = "azure", feature = "qstash"))]
+    #[cfg(any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq"))]
     pub(crate) fn broker(queue: Q, records: L) -> Self {
         Self { queue, ledger: records, own_ledger: false, forget_first: None }
     }
@@ -570,6 +570,17 @@ pub(crate) async fn run(
             subject.forget_first = Some(Box::new(move |key| {
                 let dlq = dlq.clone();
                 Box::pin(async move { dlq.forget_dlq_entries(&key).await })
+            }));
+            four_tests(&subject, &plan).await?
+        }
+        #[cfg(feature = "pgmq")]
+        AnyBackend::Pgmq(q, records) => {
+            // A dead letter's message stays in the queue's archive: forgotten first.
+            let mut subject = Subject::broker(q.clone(), records.clone());
+            let archive = q.clone();
+            subject.forget_first = Some(Box::new(move |key| {
+                let archive = archive.clone();
+                Box::pin(async move { archive.forget_archived(&key).await })
             }));
             four_tests(&subject, &plan).await?
         }

@@ -70,3 +70,27 @@ async fn doctor_reports_an_azure_queue_without_its_poison_queue() {
     assert_eq!(status(&report, "records.database")[0]["status"], "warn", "{report:#}");
     assert!(status(&report, "pg.migrations").is_empty(), "{report:#}");
 }
+
+/// pgmq: its schema and the queue in the records database, with that database's own rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_a_missing_pgmq_queue_with_the_fix() {
+    let db = database().await;
+    let name = format!("rdt_doctor_{}", common::unique());
+    redrive_pgmq::PgmqBackend::setup(redrive_pgmq::PgmqConfig::new(&name), db.clone())
+        .await
+        .unwrap_or_else(|e| panic!("pgmq is required in the test database (run scripts/services): {e}"));
+    let report = |queue: &str| {
+        let out = redrive_command(&format!("pgmq://{queue}"), db.schema()).args(["--json", "doctor"]).output().unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        report
+    };
+    let found = report(&name);
+    for rule in ["pgmq.installed", "pgmq.queue", "pg.migrations", "alerts.open-records"] {
+        assert_eq!(status(&found, rule)[0]["status"], "pass", "{rule}: {found:#}");
+    }
+    let missing = report("rdt_no_such_queue");
+    let queue = status(&missing, "pgmq.queue");
+    assert_eq!(queue[0]["status"], "fail", "{missing:#}");
+    assert!(queue[0]["fix"].as_str().unwrap().contains("pgmq.create('rdt_no_such_queue')"), "{missing:#}");
+}

@@ -1,5 +1,5 @@
 //! `redrive verify` end to end, as a team runs it in staging: the four tests against the real
-//! backend (PostgreSQL, SQLite, SQS on moto, Azure on Azurite, QStash's emulator) while an
+//! backend (PostgreSQL, SQLite, SQS on moto, Azure on Azurite, QStash's emulator, pgmq) while an
 //! application worker consumes the same queue (on QStash, the same account), the evidence read back, and `--check-fresh` passing, then failing on
 //! a changed key format. A missing service fails the test; it never skips.
 
@@ -355,4 +355,23 @@ async fn verify_on_qstash_refuses_the_application_s_destination_and_one_that_doe
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     let stats = worker.shutdown().await;
     assert_eq!(stats.claimed, 0, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_passes_on_pgmq_beside_the_application() {
+    let db = database().await;
+    let name = format!("rdt_verify_{}", common::unique().replace('-', "_"));
+    let queue = redrive_pgmq::PgmqBackend::setup(redrive_pgmq::PgmqConfig::new(&name), db.clone())
+        .await
+        .unwrap_or_else(|e| panic!("pgmq is required in the test database (run scripts/services): {e}"));
+    let app = application(queue.clone(), db.clone());
+    verify_beside_the_application(&Target::new(&format!("pgmq://{name}"), db.schema()), &queue, app, false).await;
+    // Nothing of verify's is left in the queue or its archive.
+    let left: i64 = redrive_postgres::sqlx::query_scalar(redrive_postgres::sqlx::AssertSqlSafe(format!(
+        "SELECT (SELECT count(*) FROM pgmq.q_{name}) + (SELECT count(*) FROM pgmq.a_{name})"
+    )))
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "verify's messages are gone from the queue and its archive");
 }

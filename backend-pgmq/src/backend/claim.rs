@@ -74,13 +74,18 @@ fn message_id(lease: &Lease) -> Result<i64> {
 }
 
 impl Claim for PgmqBackend {
-    /// `pgmq.read`: pgmq reads in id order whatever the kind, so `kinds` is ignored and the
-    /// worker defers what it has no handler for. An empty read waits out `wait` before it returns.
-    async fn claim(&self, _kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+    /// `pgmq.read`'s statement with a filter on the envelope's kind: workers that run different
+    /// kinds share a queue without taking each other's messages (else one could hand a message
+    /// back just as the other looks, again and again). An empty read waits out `wait`.
+    async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
+        let kinds = match kinds {
+            Kinds::Any => None,
+            Kinds::Only(kinds) => Some(kinds.clone()),
+        };
         let rows = q(&self.inner.sql.read)
-            .bind(&self.inner.config.queue)
-            .bind(whole_seconds(lease))
+            .bind(f64::from(whole_seconds(lease)))
             .bind(max.clamp(1, 1000) as i32)
+            .bind(kinds)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| db(e, "read messages"))?;

@@ -237,7 +237,7 @@ impl Backend for PgmqBackend {
             // A worker killed holding messages: each comes back when its visibility lapses, read
             // again, so its attempt is charged.
             crash_refunds: false,
-            claim_by_kind: false,
+            claim_by_kind: true,
             // pgmq's read takes whole seconds of visibility.
             min_lease: Duration::from_secs(1),
             max_delay: Some(Duration::MAX),
