@@ -368,8 +368,8 @@ impl AnyOptions {
         expect: &crate::doctor::Expect,
     ) -> Result<Vec<crate::doctor::Check>> {
         #[cfg(feature = "postgres")]
-        if self.records.is_some() {
-            checks.extend(self.records("").await?.doctor_broker_records(expect).await?);
+        if let Some(url) = &self.records {
+            checks.extend(self.postgres(url).await?.doctor_broker_records(expect).await?);
             return Ok(checks);
         }
         let _ = expect;
