@@ -15,7 +15,7 @@ impl PgmqConfig {
     /// Checks that pgmq is installed in `records`' database and has this queue. Reads only.
     pub async fn doctor(&self, records: &PgBackend) -> Result<Vec<Check>> {
         check_queue_name(&self.queue)?;
-        let row = q(&Sql::new(&self.queue).exists)
+        let row = q(&Sql::new(records.schema(), &self.queue).exists)
             .bind(&self.queue)
             .fetch_one(records.pool())
             .await

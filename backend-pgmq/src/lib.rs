@@ -9,8 +9,8 @@
 //!
 //! | ability | how |
 //! |---|---|
-//! | enqueue | `pgmq.send` with the [envelope](redrive_core::kit::Envelope) as the message and the job's `not_before` as its visibility time; a batch in one statement (all or none) |
-//! | dedupe | none at the queue: both copies are sent, and the effect ledger keeps the effect to one |
+//! | enqueue | one transaction: the key's row in the records' `broker_keys`, and `pgmq.send` with the [envelope](redrive_core::kit::Envelope) as the message and the job's `not_before` as its visibility time; a batch whole or not at all; inside the application's own transaction with [`PgmqBackend::enqueue_in`] |
+//! | dedupe | exact, by the key's row: a second enqueue answers `Duplicate` (or `Failed` while its record is kept), another payload `KeyConflict`; kept until [`PgmqBackend::prune_keys`] or a purge of the key's record |
 //! | claim | `pgmq.read`'s statement, by the envelope's `kind` (the lease in whole seconds); attempt = `read_ct`; the lease's token is the read's `last_read_at` |
 //! | complete | pgmq's delete, fenced on the read: `LeaseLost` if another read took the message |
 //! | retry | hidden for the delay (fenced), the error history in the message's `headers` (`redrive.errors`) |
@@ -18,7 +18,7 @@
 //! | renew | `set_vt`'s update, fenced on the read |
 //! | dead letter | one transaction: the message locked under this read, its record kept, the message moved to the archive (`pgmq.archive`) |
 //! | failure records | [`PgBackend`]'s broker records, scope `pgmq:<schema>.<queue>`, through the broker kit |
-//! | replay | take the record, `pgmq.send` the job with its keys, close the record |
+//! | replay | take the record, `pgmq.send` the job with its keys (the key's row moved to it in the same transaction), close the record |
 //! | queue stats | `pgmq.metrics` (exact) |
 //!
 //! ```no_run

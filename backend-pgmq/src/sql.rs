@@ -1,5 +1,5 @@
-//! The statements, read from `queries/*.sql` at compile time, with the queue's table names
-//! (checked plain identifiers) filled in once.
+//! The statements, read from `queries/*.sql` at compile time, with the queue's table names and
+//! the records' schema (checked plain identifiers) filled in once.
 
 use std::sync::Arc;
 
@@ -12,9 +12,12 @@ macro_rules! statements {
         pub(crate) struct Sql { $(pub(crate) $name: Arc<str>,)* }
 
         impl Sql {
-            pub(crate) fn new(queue: &str) -> Self {
+            pub(crate) fn new(schema: &str, queue: &str) -> Self {
                 let fill = |text: &str| -> Arc<str> {
-                    text.replace("{queue}", &format!("q_{queue}")).replace("{archive}", &format!("a_{queue}")).into()
+                    text.replace("{queue}", &format!("q_{queue}"))
+                        .replace("{archive}", &format!("a_{queue}"))
+                        .replace("{schema}", &format!("\"{schema}\""))
+                        .into()
                 };
                 Self { $($name: fill(include_str!(concat!("../queries/", stringify!($name), ".sql"))),)* }
             }
@@ -38,6 +41,10 @@ statements!(
     archive_purge,
     create,
     exists,
+    keys_take,
+    keys_sent,
+    keys_replayed,
+    keys_prune,
 );
 
 /// A query on a statement text built from this crate's own files and a checked queue name.

@@ -1,7 +1,8 @@
 -- Forgets key $1 entirely (`Forget::forget_key`), as purge.sql forgets an old record, whatever the
--- state: its job and the key's row, its failure records (a broker's kept here too) with their
--- alert marks, its ledger entry and same-database effect. Nothing while a job of the key runs
--- (`running`): its worker would settle nothing. The job is found through its key row.
+-- state: its job and the key's row (a pgmq queue's in `broker_keys` too), its failure records (a
+-- broker's kept here too) with their alert marks, its ledger entry and same-database effect.
+-- Nothing while a job of the key runs (`running`): its worker would settle nothing. The job is
+-- found through its key row.
 WITH job AS (
     SELECT job_id AS id FROM {schema}.job_keys WHERE idempotency_key = $1
 ), running AS (
@@ -21,6 +22,9 @@ WITH job AS (
     RETURNING id
 ), key_row AS (
     DELETE FROM {schema}.job_keys WHERE idempotency_key = $1 AND NOT (SELECT yes FROM running)
+), broker_key AS (
+    -- A queue of this database that keeps its keys here (pgmq): the key is free there too.
+    DELETE FROM {schema}.broker_keys WHERE idempotency_key = $1 AND NOT (SELECT yes FROM running)
 ), ledger AS (
     -- The key, and its records' alert keys (sinks 0 to 15, reminders 1 to 16: see purge.sql),
     -- named whole so that they are found by the primary key.

@@ -126,7 +126,7 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, s
 /// schemas in one database migrate independently.
 pub(crate) fn migrator(schema: &str) -> Migrator {
     let quoted = format!("\"{schema}\"");
-    let files: [(i64, &str, &str); 13] = [
+    let files: [(i64, &str, &str); 14] = [
         (1, "init", include_str!("../migrations/0001_init.sql")),
         (2, "done index", include_str!("../migrations/0002_done_index.sql")),
         (3, "contract v2", include_str!("../migrations/0003_contract_v2.sql")),
@@ -140,6 +140,7 @@ pub(crate) fn migrator(schema: &str) -> Migrator {
         (11, "priority", include_str!("../migrations/0011_priority.sql")),
         (12, "cancel running", include_str!("../migrations/0012_cancel_running.sql")),
         (13, "trace", include_str!("../migrations/0013_trace.sql")),
+        (14, "broker keys", include_str!("../migrations/0014_broker_keys.sql")),
     ];
     let migrations = files
         .into_iter()

@@ -28,7 +28,7 @@ impl Broker for PgmqBackend {
     }
 
     async fn send_replay(&self, job: &NewJob, _record: &FailureId) -> Result<JobId> {
-        Ok(self.send(std::slice::from_ref(job), "replay").await?.remove(0))
+        self.send_under_key(job).await
     }
 
     /// A closed record's archived message goes: the record keeps what is kept of the job.
@@ -42,10 +42,12 @@ impl Broker for PgmqBackend {
         Ok(())
     }
 
-    /// Archived messages go with the records a purge of `age` removes.
+    /// Archived messages go with the records a purge of `age` removes, and the keys of failed
+    /// jobs those records were the last of: the key is free again.
     async fn purge_dead(&self, age: Duration) -> Result<()> {
         q(&self.inner.sql.archive_purge)
             .bind(seconds(age))
+            .bind(self.inner.core.scope())
             .execute(&self.inner.pool)
             .await
             .map_err(|e| db(e, "purge archived messages"))?;

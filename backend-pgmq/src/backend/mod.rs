@@ -11,7 +11,7 @@ use redrive_core::{Counts, Enqueue, Enqueued, Error, ErrorKind, JobId, NewJob, Q
 use redrive_postgres::PgBackend;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 
 use crate::config::{PgmqConfig, check_queue_name};
 use crate::error::db;
@@ -19,6 +19,7 @@ use crate::sql::{Sql, q};
 
 mod claim;
 mod dead_letters;
+mod keys;
 
 /// redrive on a pgmq queue: pgmq's table carries the jobs (read with a visibility timeout as the
 /// lease, the read count as the attempt); the failure records and the effect ledger are the
@@ -92,7 +93,7 @@ impl PgmqBackend {
         let scope = format!("pgmq:{}.{}", records.schema(), config.queue);
         Ok(Self {
             inner: Arc::new(Inner {
-                sql: Sql::new(&config.queue),
+                sql: Sql::new(records.schema(), &config.queue),
                 pool,
                 core: BrokerCore::new(Arc::new(records.clone()), scope),
                 records,
@@ -188,8 +189,9 @@ impl PgmqBackend {
         Ok((envelope, job.not_before.unwrap_or_else(Utc::now)))
     }
 
-    /// Sends every job in one statement: all or none.
-    async fn send(&self, jobs: &[NewJob], what: &str) -> Result<Vec<JobId>> {
+    /// Sends every job in one statement on `conn`: all or none. The jobs are checked
+    /// ([`outgoing`](Self::outgoing)) first.
+    async fn send(&self, conn: &mut PgConnection, jobs: &[&NewJob], what: &str) -> Result<Vec<JobId>> {
         let mut messages = Vec::with_capacity(jobs.len());
         let mut visible = Vec::with_capacity(jobs.len());
         for job in jobs {
@@ -203,7 +205,7 @@ impl PgmqBackend {
             .bind(&messages)
             .bind(&headers)
             .bind(&visible)
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&mut *conn)
             .await
             .map_err(|e| send_error(e, what))?;
         Ok(rows.iter().map(|r| JobId(r.get::<i64, _>("msg_id").to_string())).collect())
@@ -227,8 +229,9 @@ fn send_error(e: sqlx::Error, what: &str) -> Error {
 impl Backend for PgmqBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            // Both copies are sent; the effect ledger keeps the effect to one.
-            dedupe: Dedupe::None,
+            // The key's row is written with the message (`broker_keys`), kept until a purge of
+            // its record or `prune_keys`.
+            dedupe: Dedupe::Kept,
             max_payload: self.inner.config.max_payload,
             max_claim: 1000,
             atomic_batch: true,
@@ -263,17 +266,22 @@ impl Backend for PgmqBackend {
 }
 
 impl Enqueue for PgmqBackend {
+    /// The key's row and the message in one transaction: a second enqueue of the key answers
+    /// `Duplicate` (or `Failed`, or `KeyConflict` for another payload).
     async fn enqueue(&self, job: NewJob) -> Result<Enqueued> {
-        let id = self.send(std::slice::from_ref(&job), "send").await?.remove(0);
-        Ok(Enqueued::Created(id))
+        Ok(self.enqueue_batch(vec![job]).await?.remove(0))
     }
 
-    /// One statement: every job is sent, or none.
+    /// One transaction: every job's key and message, or nothing (a reused key with another
+    /// payload refuses the whole batch).
     async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        Ok(self.send(&jobs, "send a batch").await?.into_iter().map(Enqueued::Created).collect())
+        let mut tx = self.inner.pool.begin().await.map_err(|e| db(e, "begin enqueue"))?;
+        let answers = self.enqueue_on(&mut tx, &jobs).await?;
+        tx.commit().await.map_err(|e| db(e, "commit enqueue"))?;
+        Ok(answers)
     }
 }
 
