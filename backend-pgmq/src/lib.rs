@@ -12,7 +12,7 @@
 //! | enqueue | one transaction: the key's row in the records' `broker_keys`, and `pgmq.send` with the [envelope](redrive_core::kit::Envelope) as the message and the job's `not_before` as its visibility time; a batch whole or not at all; inside the application's own transaction with [`PgmqBackend::enqueue_in`] |
 //! | dedupe | exact, by the key's row: a second enqueue answers `Duplicate` (or `Failed` while its record is kept), another payload `KeyConflict`; kept until [`PgmqBackend::prune_keys`] or a purge of the key's record |
 //! | claim | `pgmq.read`'s statement, by the envelope's `kind` (the lease in whole seconds); attempt = `read_ct`; the lease's token is the read's `last_read_at` |
-//! | complete | pgmq's delete, fenced on the read: `LeaseLost` if another read took the message |
+//! | complete | pgmq's delete, fenced on the read (`LeaseLost` if another read took the message), concurrent completions in one statement |
 //! | retry | hidden for the delay (fenced), the error history in the message's `headers` (`redrive.errors`) |
 //! | defer, release | hidden for the delay (fenced), the read given back (`read_ct` − 1) |
 //! | renew | `set_vt`'s update, fenced on the read |
@@ -34,6 +34,7 @@
 //! ```
 
 mod backend;
+mod completer;
 mod config;
 mod doctor;
 mod error;

@@ -95,8 +95,19 @@ impl Claim for PgmqBackend {
         Ok(rows.iter().map(|row| self.claimed_from(row)).collect())
     }
 
+    /// pgmq's delete, fenced, grouped with the completions of other handlers in flight.
     async fn complete(&self, lease: &Lease, _result: Option<&Value>) -> Result<()> {
-        self.fenced(&self.inner.sql.complete, lease, None, None, "delete the finished message").await?;
+        let what = "delete the finished message";
+        let (id, read_at) = (message_id(lease)?, read_time(lease, what)?);
+        if !self
+            .inner
+            .completer
+            .get_or_init(|| Completer::start(self.inner.pool.clone(), Arc::clone(&self.inner.sql.complete)))
+            .complete(id, read_at)
+            .await?
+        {
+            return Err(lease_lost(what));
+        }
         self.forget(lease);
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! `PgmqBackend`: the redrive contracts on a pgmq queue, in the database that keeps the failure
 //! records and the effect ledger.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool, Row};
 
+use crate::completer::Completer;
 use crate::config::{PgmqConfig, check_queue_name};
 use crate::error::db;
 use crate::sql::{Sql, q};
@@ -39,6 +40,8 @@ struct Inner {
     records: PgBackend,
     /// The messages this process holds, by message id, with the read that holds them.
     held: Held<Holding>,
+    /// Groups concurrent completions; started by the first (it needs a runtime).
+    completer: OnceLock<Completer>,
 }
 
 /// A message held by this process: its headers as read (redrive's error history among them).
@@ -98,6 +101,7 @@ impl PgmqBackend {
                 core: BrokerCore::new(Arc::new(records.clone()), scope),
                 records,
                 held: Held::new(),
+                completer: OnceLock::new(),
                 config,
             }),
         })
