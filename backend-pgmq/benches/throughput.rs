@@ -4,6 +4,7 @@
 //! ```sh
 //! cargo bench -p redrive-pgmq --bench throughput            # 3 rounds, ~4 minutes plus the build
 //! REDRIVE_BENCH_ROUNDS=1 cargo bench -p redrive-pgmq --bench throughput
+//! REDRIVE_BENCH_QUICK=1 cargo bench -p redrive-pgmq --bench throughput   # the default burn-down only
 //! ```
 //!
 //! Each round, interleaved, on 20k no-op jobs:
@@ -248,7 +249,10 @@ async fn pgmq_burn(ctx: &Ctx, batch: Option<usize>) -> BoxResult<f64> {
     if let Some(batch) = batch {
         config.batch = batch;
     }
+    let before = commits(ctx).await?;
     let rate = burn(queue.clone(), records.clone(), config).await?;
+    let per_job = (commits(ctx).await? - before) / JOBS as f64;
+    println!("- redrive-pgmq burn-down (batch {batch:?}): {rate:.0} jobs/s, {per_job:.2} commits per job");
     let counts = queue.counts().await?;
     if counts.queued + counts.running != 0 {
         return Err(format!("messages left after the burn-down: {counts:?}").into());
@@ -257,6 +261,16 @@ async fn pgmq_burn(ctx: &Ctx, batch: Option<usize>) -> BoxResult<f64> {
     drop(queue);
     drop_store(ctx, records).await?;
     Ok(rate)
+}
+
+/// Transactions committed in the database so far (the statistics settle for a moment first).
+async fn commits(ctx: &Ctx) -> BoxResult<f64> {
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&ctx.admin).await?;
+    let row = sqlx::query("SELECT xact_commit::float8 AS n FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(&ctx.admin)
+        .await?;
+    Ok(row.get("n"))
 }
 
 /// redrive-pgmq: `enqueue_batch` of 100 from 8 tasks, keys and all; jobs/s.
@@ -315,6 +329,11 @@ async fn main() -> BoxResult<()> {
     std::fs::create_dir_all(&dir)?;
     let mut ctx = Ctx { url, admin, dir, next: AtomicU64::new(0), autovacuum: false };
 
+    if std::env::var_os("REDRIVE_BENCH_QUICK").is_some() {
+        // For tuning: the default burn-down alone.
+        pgmq_burn(&ctx, None).await?;
+        return Ok(());
+    }
     println!("# redrive-pgmq throughput: {JOBS} no-op jobs, {CLIENTS} clients / handlers, batch {BATCH}");
     let labels = [
         "raw pgmq: read 100 + delete (pgbench)",

@@ -47,6 +47,7 @@ mod backend;
 mod batch;
 mod config;
 mod error;
+mod ledger_batch;
 mod sql;
 
 pub use backend::{EffectOnce, PgBackend};

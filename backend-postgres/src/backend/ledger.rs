@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::PgBackend;
 use crate::error::db;
+use crate::ledger_batch::BeginCall;
 use crate::sql::q;
 
 impl Ledger for PgBackend {
@@ -26,20 +27,19 @@ impl Ledger for PgBackend {
     ) -> Result<Begin> {
         let fingerprint = &payload_fingerprint(payload);
         let token = Uuid::new_v4();
-        let taken = q(&self.inner.sql.ledger_begin)
-            .bind(key.as_str())
-            .bind(fingerprint)
-            .bind(token)
-            .bind(hold.as_secs_f64())
-            .bind(provider_key.as_uuid())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "ledger begin"))?;
-        if let Some(row) = taken {
+        let call = BeginCall {
+            key: key.as_str().to_owned(),
+            fingerprint: fingerprint.clone(),
+            token,
+            secs: hold.as_secs_f64(),
+            provider_key: provider_key.as_uuid(),
+        };
+        let taken = self.inner.ledger.begin(call).await?;
+        if let Some((fresh, stored)) = taken {
             // Rows from before provider keys were kept in the ledger have none: this one's is used.
-            let stored = row.get::<Option<Uuid>, _>("provider_key").map_or(provider_key, ProviderKey::from_uuid);
+            let stored = stored.map_or(provider_key, ProviderKey::from_uuid);
             let hold = Hold { key: key.clone(), token: token.to_string(), provider_key: stored, lease: None };
-            return Ok(if row.get::<bool, _>("fresh") { Begin::Fresh(hold) } else { Begin::Resumed(hold) });
+            return Ok(if fresh { Begin::Fresh(hold) } else { Begin::Resumed(hold) });
         }
         let row = self
             .ledger_state(key)
@@ -97,13 +97,7 @@ impl Ledger for PgBackend {
             // Done with its result, and the job complete, in one fenced write.
             return self.complete(lease, Some(result)).await;
         }
-        q(&self.inner.sql.ledger_finish)
-            .bind(hold.key.as_str())
-            .bind(result)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "ledger finish"))?;
-        Ok(())
+        self.inner.ledger.finish(hold.key.as_str().to_owned(), result.clone()).await
     }
 
     /// A mark in `processed_keys`: the workers whose ledger this schema is (a broker's, normally

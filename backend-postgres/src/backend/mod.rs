@@ -29,6 +29,7 @@ use self::scan_floor::ScanFloor;
 use crate::batch::Completer;
 use crate::config::PgConfig;
 use crate::error::db;
+use crate::ledger_batch::LedgerBatch;
 use crate::sql::{Queries, check_schema, q};
 
 /// redrive on PostgreSQL: the queue (`jobs`), the failure records (`failed_jobs`) and the effect
@@ -45,6 +46,8 @@ struct Inner {
     channel: String,
     config: PgConfig,
     completer: Completer,
+    /// Groups the effect ledger's begins and finishes (a broker's workers').
+    ledger: LedgerBatch,
     /// Claims and completions running at once (see `PgConfig::with_in_flight`).
     in_flight: Arc<tokio::sync::Semaphore>,
     wake: OnceCell<Arc<Notify>>,
@@ -77,6 +80,7 @@ impl PgBackend {
         let sql = Arc::new(Queries::new(&config.schema));
         let in_flight = Arc::new(tokio::sync::Semaphore::new(config.in_flight));
         let completer = Completer::start(pool.clone(), Arc::clone(&sql), Arc::clone(&in_flight));
+        let ledger = LedgerBatch::start(pool.clone(), Arc::clone(&sql));
         Ok(Self {
             inner: Arc::new(Inner {
                 channel: format!("redrive_{}", config.schema),
@@ -85,6 +89,7 @@ impl PgBackend {
                 sql,
                 config,
                 completer,
+                ledger,
                 in_flight,
                 wake: OnceCell::new(),
                 notify_pending: Arc::new(AtomicBool::new(false)),
