@@ -252,7 +252,7 @@ async fn pgmq_burn(ctx: &Ctx, batch: Option<usize>) -> BoxResult<f64> {
     let before = commits(ctx).await?;
     let rate = burn(queue.clone(), records.clone(), config).await?;
     let per_job = (commits(ctx).await? - before) / JOBS as f64;
-    println!("- redrive-pgmq burn-down (batch {batch:?}): {rate:.0} jobs/s, {per_job:.2} commits per job");
+    println!("- redrive-pgmq burn-down (batch {batch:?}): {rate:.0} jobs/s, {per_job:.3} commits per job");
     let counts = queue.counts().await?;
     if counts.queued + counts.running != 0 {
         return Err(format!("messages left after the burn-down: {counts:?}").into());

@@ -1,5 +1,5 @@
 //! Group completion: concurrent `complete` calls share one fenced `DELETE … USING unnest(…)`, as
-//! `pgmq.delete` takes an array of ids.
+//! `pgmq.delete` takes an array of ids, which also marks the claims' ledger holds done.
 //!
 //! No timer and no added latency: with no statement in flight, whatever calls are waiting go at
 //! once, so batches stay at one under light load; with one in flight, another starts only for a
@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use redrive_core::{Error, Result};
+use serde_json::Value;
 use sqlx::{PgPool, Row};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
@@ -19,6 +20,8 @@ use crate::sql::q;
 struct Request {
     id: i64,
     read_at: DateTime<Utc>,
+    /// The key the claim took in the ledger, and the handler's result, to mark done.
+    effect: Option<(String, Value)>,
     reply: oneshot::Sender<Result<bool>>,
 }
 
@@ -40,10 +43,18 @@ impl Completer {
         Self { tx }
     }
 
-    /// Deletes message `id` if it is still under the read of `read_at`. `Ok(false)`: it is not.
-    pub(crate) async fn complete(&self, id: i64, read_at: DateTime<Utc>) -> Result<bool> {
+    /// Deletes message `id` if it is still under the read of `read_at`, and marks `effect`'s key
+    /// done with its result. `Ok(false)`: the message is not under that read.
+    pub(crate) async fn complete(
+        &self,
+        id: i64,
+        read_at: DateTime<Utc>,
+        effect: Option<(String, Value)>,
+    ) -> Result<bool> {
         let (reply, answer) = oneshot::channel();
-        self.tx.send(Request { id, read_at, reply }).map_err(|_| Error::temporary("pgmq: the completer stopped"))?;
+        self.tx
+            .send(Request { id, read_at, effect, reply })
+            .map_err(|_| Error::temporary("pgmq: the completer stopped"))?;
         answer.await.map_err(|_| Error::temporary("pgmq: the completer stopped"))?
     }
 }
@@ -89,7 +100,10 @@ async fn flush_loop(pool: PgPool, statement: Arc<str>, mut rx: mpsc::UnboundedRe
 async fn flush(pool: &PgPool, statement: &Arc<str>, batch: Vec<Request>) {
     let ids: Vec<i64> = batch.iter().map(|r| r.id).collect();
     let reads: Vec<DateTime<Utc>> = batch.iter().map(|r| r.read_at).collect();
-    match q(statement).bind(&ids).bind(&reads).fetch_all(pool).await {
+    let (keys, results): (Vec<&str>, Vec<&Value>) =
+        batch.iter().filter_map(|r| r.effect.as_ref().map(|(k, v)| (k.as_str(), v))).unzip();
+    let results: Vec<Value> = results.into_iter().cloned().collect();
+    match q(statement).bind(&ids).bind(&reads).bind(&keys).bind(&results).fetch_all(pool).await {
         Ok(rows) => {
             // By id and read: a stale read's completion in the same batch as the current one is
             // told it deleted nothing.

@@ -30,7 +30,11 @@ pub async fn dead_worker<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject
     ensure!(run, held.len() == 1, "the job should be claimable");
     // Its handler starts: the lease is renewed, which marks the attempt started (and charged).
     run.must("renew", renew(&run.s.queue, &held[0].lease, lease).await)?;
-    let begin = run.must("ledger begin", run.s.ledger.begin(&job.key, &job.payload, job.provider_key, lease).await)?;
+    // The key's hold: as the claim carried it (a queue that is its jobs' ledger), else the ledger's.
+    let begin = match held[0].begun.clone() {
+        Some(begun) => begun,
+        None => run.must("ledger begin", run.s.ledger.begin(&job.key, &job.payload, job.provider_key, lease).await)?,
+    };
     ensure!(run, matches!(begin, Begin::Fresh(_)), "the dying worker should hold the key fresh, got {begin:?}");
     drop(held.pop()); // the worker dies: nothing settles the job
 

@@ -4,7 +4,8 @@
 //! another worker now holds.
 
 use redrive_core::FailureRecord;
-use redrive_core::kit::{Claim, Claimed, Kinds, Lease, Renew};
+use redrive_core::ProviderKey;
+use redrive_core::kit::{Begin, Claim, Claimed, Hold, Kinds, Lease, Renew, payload_fingerprint};
 use redrive_core::{FailureId, Result};
 
 use super::*;
@@ -55,8 +56,110 @@ impl PgmqBackend {
         let (env, undecodable) = broker::carried_job("pgmq", &id, &body, broker::Known::default(), enqueued_at);
         let attempt = read_ct.max(1) as u32;
         let job = env.into_job(JobId(id.clone()), attempt, undecodable);
-        self.inner.held.insert(&id, &token, Holding { headers, attempt });
+        self.inner.held.insert(&id, &token, Holding { headers, attempt, hold: None });
         Claimed { job, lease: Lease { job_id: JobId(id), token }, begun: None }
+    }
+
+    /// Takes the claimed jobs' keys in the ledger, in the read's transaction, so that the queue is
+    /// the ledger of its own jobs as the Postgres backend is: a key taken is handed to the worker
+    /// as a hold that is the lease (renewed with it, marked done by the completion, let go by any
+    /// other settlement). A key not taken (held, done, cancelled, another payload), an
+    /// undecodable job and a replay (whose completion confirms its record) are left to the
+    /// worker's ledger.
+    async fn hold_keys(&self, tx: &mut PgConnection, claimed: &mut [Claimed], lease: Duration) -> Result<()> {
+        let mut seen = std::collections::HashSet::new();
+        let mut asking: Vec<usize> = (0..claimed.len())
+            .filter(|&n| {
+                let job = &claimed[n].job;
+                job.undecodable.is_none() && job.replay_of.is_none() && seen.insert(job.key.as_str().to_owned())
+            })
+            .collect();
+        if asking.is_empty() {
+            return Ok(());
+        }
+        asking.sort_by(|&a, &b| claimed[a].job.key.as_str().cmp(claimed[b].job.key.as_str()));
+        let holders: Vec<uuid::Uuid> = asking.iter().map(|_| uuid::Uuid::new_v4()).collect();
+        let keys: Vec<&str> = asking.iter().map(|&n| claimed[n].job.key.as_str()).collect();
+        let prints: Vec<String> = asking.iter().map(|&n| payload_fingerprint(&claimed[n].job.payload)).collect();
+        let secs: Vec<f64> = asking.iter().map(|_| f64::from(whole_seconds(lease))).collect();
+        let providers: Vec<uuid::Uuid> = asking.iter().map(|&n| claimed[n].job.provider_key.as_uuid()).collect();
+        let rows = q(&self.inner.sql.keys_hold)
+            .bind(&keys)
+            .bind(&prints)
+            .bind(&holders)
+            .bind(&secs)
+            .bind(&providers)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db(e, "take the claimed jobs' keys"))?;
+        let taken: std::collections::HashMap<String, (bool, Option<uuid::Uuid>)> = rows
+            .iter()
+            .map(|r| (r.get::<String, _>("idempotency_key"), (r.get("fresh"), r.get("provider_key"))))
+            .collect();
+        for (&n, holder) in asking.iter().zip(holders) {
+            let claim = &mut claimed[n];
+            let Some(&(fresh, stored)) = taken.get(claim.job.key.as_str()) else { continue };
+            let provider_key = stored.map_or(claim.job.provider_key, ProviderKey::from_uuid);
+            let hold = Hold {
+                key: claim.job.key.clone(),
+                token: holder.to_string(),
+                provider_key,
+                lease: Some(claim.lease.clone()),
+            };
+            claim.begun = Some(if fresh { Begin::Fresh(hold) } else { Begin::Resumed(hold) });
+            let key = claim.job.key.as_str().to_owned();
+            self.inner.held.with(&claim.lease.job_id.0, &claim.lease.token, |h| h.hold = Some((key, holder)));
+        }
+        Ok(())
+    }
+
+    /// The key this process's claim took for `lease`, with its holder.
+    fn hold_of(&self, lease: &Lease) -> Option<(String, uuid::Uuid)> {
+        self.inner.held.with(&lease.job_id.0, &lease.token, |h| h.hold.clone()).flatten()
+    }
+
+    /// Ends the claim's hold of its key (a settlement other than completion), on `conn`. A hold
+    /// not let go lapses with the claim's lease.
+    async fn let_go(&self, conn: &mut PgConnection, lease: &Lease) -> Result<()> {
+        let Some((key, holder)) = self.hold_of(lease) else { return Ok(()) };
+        q(&self.inner.sql.keys_let_go)
+            .bind(key)
+            .bind(holder)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| db(e, "let go of the key's hold"))?;
+        Ok(())
+    }
+
+    /// [`let_go`](Self::let_go) on a connection of the pool, after a settlement: a failure is
+    /// logged, since the hold lapses on its own.
+    async fn let_go_after(&self, lease: &Lease) {
+        let Ok(mut conn) = self.inner.pool.acquire().await else { return };
+        if let Err(e) = self.let_go(&mut conn, lease).await {
+            tracing::debug!(error = %e, "could not let go of the key's hold; it lapses on its own");
+        }
+    }
+
+    /// A renewal's part of the ledger: the hold extended; `Cancelled` if a person cancelled the
+    /// key (unless `settling`: the settlement decides now), `LeaseLost` if another attempt took
+    /// it over.
+    async fn keep_hold(&self, lease: &Lease, by: Duration, settling: bool) -> Result<()> {
+        let Some((key, holder)) = self.hold_of(lease) else { return Ok(()) };
+        let row = q(&self.inner.sql.keys_keep)
+            .bind(&key)
+            .bind(holder)
+            .bind(seconds(by))
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| db(e, "extend the key's hold"))?;
+        let Some(row) = row else { return Ok(()) };
+        match (row.get::<&str, _>("state"), row.get::<bool, _>("kept")) {
+            ("cancelled", _) if !settling => {
+                Err(Error::new(ErrorKind::Cancelled, format!("key {key} was cancelled while its job ran")))
+            }
+            ("pending", false) => Err(lease_lost("extend the key's hold")),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -82,30 +185,45 @@ impl Claim for PgmqBackend {
             Kinds::Any => None,
             Kinds::Only(kinds) => Some(kinds.clone()),
         };
+        let mut tx = self.inner.pool.begin().await.map_err(|e| db(e, "begin the read"))?;
         let rows = q(&self.inner.sql.read)
             .bind(f64::from(whole_seconds(lease)))
             .bind(max.clamp(1, 1000) as i32)
             .bind(kinds)
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&mut *tx)
             .await
             .map_err(|e| db(e, "read messages"))?;
         if rows.is_empty() {
+            drop(tx);
             tokio::time::sleep(wait).await;
+            return Ok(Vec::new());
         }
-        Ok(rows.iter().map(|row| self.claimed_from(row)).collect())
+        let mut claimed: Vec<Claimed> = rows.iter().map(|row| self.claimed_from(row)).collect();
+        let taken = async {
+            self.hold_keys(&mut tx, &mut claimed, lease).await?;
+            tx.commit().await.map_err(|e| db(e, "commit the read"))
+        };
+        if let Err(e) = taken.await {
+            for claim in &claimed {
+                self.forget(&claim.lease);
+            }
+            return Err(e);
+        }
+        Ok(claimed)
     }
 
-    /// pgmq's delete, fenced, grouped with the completions of other handlers in flight.
-    async fn complete(&self, lease: &Lease, _result: Option<&Value>) -> Result<()> {
+    /// pgmq's delete, fenced, grouped with the completions of other handlers in flight; with a
+    /// result, the key the claim took is marked done in the same statement.
+    async fn complete(&self, lease: &Lease, result: Option<&Value>) -> Result<()> {
         let what = "delete the finished message";
         let (id, read_at) = (message_id(lease)?, read_time(lease, what)?);
-        if !self
+        // The hold the claim took is marked done with the handler's result in the same statement.
+        let effect = self.hold_of(lease).zip(result).map(|((key, _), result)| (key, result.clone()));
+        let completer = self
             .inner
             .completer
-            .get_or_init(|| Completer::start(self.inner.pool.clone(), Arc::clone(&self.inner.sql.complete)))
-            .complete(id, read_at)
-            .await?
-        {
+            .get_or_init(|| Completer::start(self.inner.pool.clone(), Arc::clone(&self.inner.sql.complete)));
+        if !completer.complete(id, read_at, effect).await? {
             return Err(lease_lost(what));
         }
         self.forget(lease);
@@ -119,6 +237,7 @@ impl Claim for PgmqBackend {
         let errors = broker::add_error(carried(read.as_deref()).errors, attempt, error);
         let headers = with_errors(read.as_deref(), &errors);
         self.fenced(&self.inner.sql.retry, lease, Some(seconds(delay)), Some(&headers), "retry").await?;
+        self.let_go_after(lease).await;
         self.forget(lease);
         Ok(())
     }
@@ -126,12 +245,14 @@ impl Claim for PgmqBackend {
     /// Hidden for `delay`, its read given back: no number of deferrals uses up attempts.
     async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
         self.fenced(&self.inner.sql.give_back, lease, Some(seconds(delay)), None, "defer").await?;
+        self.let_go_after(lease).await;
         self.forget(lease);
         Ok(())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.fenced(&self.inner.sql.give_back, lease, Some(0.0), None, "release").await?;
+        self.let_go_after(lease).await;
         self.forget(lease);
         Ok(())
     }
@@ -162,6 +283,7 @@ impl Claim for PgmqBackend {
             .execute(&mut *tx)
             .await
             .map_err(|e| db(e, "archive the dead-lettered message"))?;
+        self.let_go(&mut tx, lease).await?;
         tx.commit().await.map_err(|e| db(e, "commit the dead letter"))?;
         self.forget(lease);
         Ok(Some(record))
@@ -182,8 +304,16 @@ impl Claim for PgmqBackend {
 
 impl Renew for PgmqBackend {
     /// pgmq's `set_vt`, fenced: the lease's token stays (a renewal is not a read).
+    /// With the hold the claim took: extended too, and `Cancelled` once a person cancelled its key.
     async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
         self.fenced(&self.inner.sql.renew, lease, Some(seconds(by)), None, "extend visibility").await?;
+        self.keep_hold(lease, by, false).await?;
+        Ok(lease.clone())
+    }
+
+    async fn renew_settling(&self, lease: &Lease, by: Duration) -> Result<Lease> {
+        self.fenced(&self.inner.sql.renew, lease, Some(seconds(by)), None, "extend visibility").await?;
+        self.keep_hold(lease, by, true).await?;
         Ok(lease.clone())
     }
 }

@@ -44,10 +44,12 @@ struct Inner {
     completer: OnceLock<Completer>,
 }
 
-/// A message held by this process: its headers as read (redrive's error history among them).
+/// A message held by this process: its headers as read (redrive's error history among them),
+/// and the key its claim took in the ledger with the holder's token, if it took one.
 struct Holding {
     headers: Option<String>,
     attempt: u32,
+    hold: Option<(String, uuid::Uuid)>,
 }
 
 /// What redrive keeps in a message's `headers` beside pgmq's: the failed attempts' errors, for
