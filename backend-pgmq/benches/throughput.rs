@@ -251,19 +251,22 @@ async fn pgmq_burn(ctx: &Ctx, batch: Option<usize>) -> BoxResult<f64> {
     }
     let before = commits(ctx).await?;
     let rate = burn(queue.clone(), records.clone(), config).await?;
-    let per_job = (commits(ctx).await? - before) / JOBS as f64;
-    println!("- redrive-pgmq burn-down (batch {batch:?}): {rate:.0} jobs/s, {per_job:.3} commits per job");
     let counts = queue.counts().await?;
     if counts.queued + counts.running != 0 {
         return Err(format!("messages left after the burn-down: {counts:?}").into());
     }
+    // Its connections closed, so that their statistics are in.
+    records.pool().close().await;
+    let per_job = (commits(ctx).await? - before) / JOBS as f64;
+    println!("- redrive-pgmq burn-down (batch {batch:?}): {rate:.0} jobs/s, {per_job:.3} commits per job");
     sqlx::query("SELECT pgmq.drop_queue($1)").bind(queue.queue_name()).execute(&ctx.admin).await?;
     drop(queue);
     drop_store(ctx, records).await?;
     Ok(rate)
 }
 
-/// Transactions committed in the database so far (the statistics settle for a moment first).
+/// Transactions committed in the database so far (by connections that closed or went idle: the
+/// statistics settle for a moment first).
 async fn commits(ctx: &Ctx) -> BoxResult<f64> {
     tokio::time::sleep(Duration::from_millis(700)).await;
     sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&ctx.admin).await?;
@@ -294,7 +297,11 @@ async fn postgres_burn(ctx: &Ctx) -> BoxResult<f64> {
     let schema = backend.schema();
     ctx.production(&[format!("\"{schema}\".jobs"), format!("\"{schema}\".job_keys")]).await?;
     let config = WorkerConfig { concurrency: CLIENTS as usize, ..WorkerConfig::default() };
+    let before = commits(ctx).await?;
     let rate = burn(backend.clone(), backend.clone(), config).await?;
+    backend.pool().close().await;
+    let per_job = (commits(ctx).await? - before) / JOBS as f64;
+    println!("- redrive-postgres burn-down: {rate:.0} jobs/s, {per_job:.3} commits per job");
     drop_store(ctx, backend).await?;
     Ok(rate)
 }

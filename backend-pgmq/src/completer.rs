@@ -1,18 +1,16 @@
-//! Group completion: concurrent `complete` calls share one fenced `DELETE … USING unnest(…)`, as
-//! `pgmq.delete` takes an array of ids, which also marks the claims' ledger holds done.
-//!
-//! No timer and no added latency: with no statement in flight, whatever calls are waiting go at
-//! once, so batches stay at one under light load; with one in flight, another starts only for a
-//! worthwhile batch, and smaller ones go with what arrives meanwhile.
+//! Group completion: concurrent `complete` calls share one fenced `DELETE … USING unnest(…)` (as
+//! `pgmq.delete` takes an array of ids), which also marks the claims' ledger holds done; grouped
+//! by the kit's [`Grouper`] (no timer, no added latency).
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use redrive_core::kit::group::{GroupLimits, Grouper};
 use redrive_core::{Error, Result};
 use serde_json::Value;
 use sqlx::{PgPool, Row};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::error::db;
 use crate::sql::q;
@@ -26,21 +24,21 @@ struct Request {
 }
 
 pub(crate) struct Completer {
-    tx: mpsc::UnboundedSender<Request>,
+    grouper: Grouper<Request>,
 }
 
-const MAX_BATCH: usize = 1000;
-/// Statements in flight at most.
-const FLUSHERS: usize = 2;
-/// Calls that justify a statement beside one already in flight.
-const WORTH_A_STATEMENT: usize = 32;
+/// A group: at most 1000 calls; at most 2 statements in flight; 32 calls justify a statement
+/// beside one already in flight.
+const LIMITS: GroupLimits = GroupLimits { max: 1000, in_flight: 2, worth: 32 };
 
 impl Completer {
     /// Starts the completer on `statement` (complete.sql, for one queue). Needs a Tokio runtime.
     pub(crate) fn start(pool: PgPool, statement: Arc<str>) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(flush_loop(pool, statement, rx));
-        Self { tx }
+        let grouper = Grouper::start(LIMITS, move |batch| {
+            let (pool, statement) = (pool.clone(), Arc::clone(&statement));
+            async move { flush(&pool, &statement, batch).await }
+        });
+        Self { grouper }
     }
 
     /// Deletes message `id` if it is still under the read of `read_at`, and marks `effect`'s key
@@ -52,48 +50,9 @@ impl Completer {
         effect: Option<(String, Value)>,
     ) -> Result<bool> {
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Request { id, read_at, effect, reply })
-            .map_err(|_| Error::temporary("pgmq: the completer stopped"))?;
-        answer.await.map_err(|_| Error::temporary("pgmq: the completer stopped"))?
-    }
-}
-
-/// Frees a flusher's slot and says so however its task ends, so that a small batch waiting for
-/// the slot is not left waiting.
-struct Finished {
-    signal: Arc<Notify>,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl Drop for Finished {
-    fn drop(&mut self) {
-        self.signal.notify_one();
-    }
-}
-
-async fn flush_loop(pool: PgPool, statement: Arc<str>, mut rx: mpsc::UnboundedReceiver<Request>) {
-    let flushers = Arc::new(Semaphore::new(FLUSHERS));
-    let finished = Arc::new(Notify::new());
-    loop {
-        let mut batch = Vec::new();
-        if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
-            return;
-        }
-        while flushers.available_permits() < FLUSHERS && batch.len() < WORTH_A_STATEMENT {
-            let room = MAX_BATCH - batch.len();
-            tokio::select! {
-                () = finished.notified() => break,
-                n = rx.recv_many(&mut batch, room) => if n == 0 { break },
-            }
-        }
-        let Ok(permit) = Arc::clone(&flushers).acquire_owned().await else { return };
-        let (pool, statement) = (pool.clone(), Arc::clone(&statement));
-        let done = Finished { signal: Arc::clone(&finished), _slot: permit };
-        tokio::spawn(async move {
-            flush(&pool, &statement, batch).await;
-            drop(done);
-        });
+        let stopped = || Error::temporary("pgmq: the completer stopped");
+        self.grouper.send(Request { id, read_at, effect, reply }).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 }
 

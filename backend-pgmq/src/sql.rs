@@ -45,9 +45,6 @@ statements!(
     keys_sent,
     keys_replayed,
     keys_prune,
-    keys_hold,
-    keys_keep,
-    keys_let_go,
 );
 
 /// A query on a statement text built from this crate's own files and a checked queue name.

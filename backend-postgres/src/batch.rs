@@ -1,19 +1,16 @@
-//! Group completion: concurrent `complete` calls share one fenced `UPDATE … FROM unnest(…)`.
-//!
-//! No timer and no added latency: with no statement in flight, whatever calls are waiting go at
-//! once, so batches stay at one under light load. With one in flight, another starts only for a
-//! worthwhile batch; smaller ones wait for the statement to finish and go with what arrived
-//! meanwhile, so batches grow with load instead of splitting into statements of one.
+//! Group completion: concurrent `complete` calls share one fenced `UPDATE … FROM unnest(…)`,
+//! grouped by the kit's [`Grouper`] (no timer, no added latency).
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
+use redrive_core::kit::group::{GroupLimits, Grouper};
 use redrive_core::{Error, Result};
 use serde_json::Value;
 use sqlx::{PgPool, Row};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{Semaphore, oneshot};
 use uuid::Uuid;
 
 use crate::error::{db, is_connection_loss};
@@ -27,72 +24,34 @@ struct Request {
 }
 
 pub(crate) struct Completer {
-    tx: mpsc::UnboundedSender<Request>,
+    grouper: Grouper<Request>,
 }
 
-const MAX_BATCH: usize = 1000;
-/// Statements in flight at most.
-const FLUSHERS: usize = 3;
-/// Calls that justify a statement beside one already in flight.
-const WORTH_A_STATEMENT: usize = 32;
+/// A group: at most 1000 calls; at most 3 statements in flight; 32 calls justify a statement
+/// beside one already in flight.
+const LIMITS: GroupLimits = GroupLimits { max: 1000, in_flight: 3, worth: 32 };
 
 impl Completer {
     /// Starts the completer; each of its statements takes one of `in_flight`'s permits.
     pub(crate) fn start(pool: PgPool, sql: Arc<Queries>, in_flight: Arc<Semaphore>) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(flush_loop(pool, sql, rx, in_flight));
-        Self { tx }
+        let grouper = Grouper::start(LIMITS, move |batch| {
+            let (pool, sql, in_flight) = (pool.clone(), Arc::clone(&sql), Arc::clone(&in_flight));
+            async move {
+                let statement = in_flight.acquire_owned().await;
+                flush(&pool, &sql, batch).await;
+                drop(statement);
+            }
+        });
+        Self { grouper }
     }
 
     /// Marks job `id` done under lease `token`. `Ok(false)`: the lease is no longer current.
     pub(crate) async fn complete(&self, id: i64, token: Uuid, result: Option<Value>) -> Result<bool> {
         let (reply, answer) = oneshot::channel();
-        self.tx.send(Request { id, token, result, reply }).map_err(|_| Error::temporary("the completer stopped"))?;
+        self.grouper
+            .send(Request { id, token, result, reply })
+            .map_err(|_| Error::temporary("the completer stopped"))?;
         answer.await.map_err(|_| Error::temporary("the completer stopped"))?
-    }
-}
-
-/// Frees a flusher's slot and says so, however its task ends (a panic included), so that a small
-/// batch waiting for the slot is not left waiting.
-struct Finished {
-    signal: Arc<Notify>,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl Drop for Finished {
-    fn drop(&mut self) {
-        self.signal.notify_one();
-    }
-}
-
-async fn flush_loop(
-    pool: PgPool,
-    sql: Arc<Queries>,
-    mut rx: mpsc::UnboundedReceiver<Request>,
-    in_flight: Arc<Semaphore>,
-) {
-    let flushers = Arc::new(Semaphore::new(FLUSHERS));
-    let finished = Arc::new(Notify::new());
-    loop {
-        let mut batch = Vec::new();
-        if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
-            return;
-        }
-        while flushers.available_permits() < FLUSHERS && batch.len() < WORTH_A_STATEMENT {
-            let room = MAX_BATCH - batch.len();
-            tokio::select! {
-                () = finished.notified() => break,
-                n = rx.recv_many(&mut batch, room) => if n == 0 { break },
-            }
-        }
-        let Ok(permit) = Arc::clone(&flushers).acquire_owned().await else { return };
-        let (pool, sql, in_flight) = (pool.clone(), Arc::clone(&sql), Arc::clone(&in_flight));
-        let done = Finished { signal: Arc::clone(&finished), _slot: permit };
-        tokio::spawn(async move {
-            let statement = in_flight.acquire_owned().await;
-            flush(&pool, &sql, batch).await;
-            drop((statement, done));
-        });
     }
 }
 

@@ -1,18 +1,16 @@
 //! Grouped ledger writes: concurrent `begin`s share one `INSERT … FROM unnest(…)` and concurrent
 //! `finish`es one `UPDATE … FROM unnest(…)`, so a broker's workers (SQS, Azure, QStash, pgmq),
 //! whose ledger this is, pay one commit per group rather than two per job.
-//!
-//! As the completer (`batch.rs`): no timer and no added latency. With no statement in flight,
-//! whatever calls wait go at once; with one in flight, another starts only for a worthwhile
-//! group, and smaller ones go with what arrives meanwhile.
+//! Grouped by the kit's [`Grouper`], as completions are (no timer, no added latency).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use redrive_core::kit::group::{GroupLimits, Grouper};
 use redrive_core::{Error, Result};
 use serde_json::Value;
 use sqlx::{PgPool, Row};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::error::db;
@@ -38,24 +36,25 @@ enum Call {
 }
 
 pub(crate) struct LedgerBatch {
-    begins: mpsc::UnboundedSender<Call>,
-    finishes: mpsc::UnboundedSender<Call>,
+    begins: Grouper<Call>,
+    finishes: Grouper<Call>,
 }
 
-const MAX_GROUP: usize = 500;
-/// Statements of one kind in flight at most.
-const FLUSHERS: usize = 2;
-/// Calls that justify a statement beside one already in flight.
-const WORTH_A_STATEMENT: usize = 16;
+/// A group: at most 500 calls; at most 2 statements of a kind in flight; 16 calls justify a
+/// statement beside one already in flight.
+const LIMITS: GroupLimits = GroupLimits { max: 500, in_flight: 2, worth: 16 };
 
 impl LedgerBatch {
     /// Starts the two groupers. Needs a Tokio runtime.
     pub(crate) fn start(pool: PgPool, sql: Arc<Queries>) -> Self {
-        let (begins, rx) = mpsc::unbounded_channel();
-        tokio::spawn(group_loop(pool.clone(), Arc::clone(&sql), rx));
-        let (finishes, rx) = mpsc::unbounded_channel();
-        tokio::spawn(group_loop(pool, sql, rx));
-        Self { begins, finishes }
+        let grouper = || {
+            let (pool, sql) = (pool.clone(), Arc::clone(&sql));
+            Grouper::start(LIMITS, move |group| {
+                let (pool, sql) = (pool.clone(), Arc::clone(&sql));
+                async move { flush(&pool, &sql, group).await }
+            })
+        };
+        Self { begins: grouper(), finishes: grouper() }
     }
 
     pub(crate) async fn begin(&self, call: BeginCall) -> Result<Taken> {
@@ -73,43 +72,6 @@ impl LedgerBatch {
 
 fn stopped() -> Error {
     Error::temporary("postgres: the ledger's grouping stopped")
-}
-
-/// Frees a flusher's slot and says so however its task ends.
-struct Finished {
-    signal: Arc<Notify>,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl Drop for Finished {
-    fn drop(&mut self) {
-        self.signal.notify_one();
-    }
-}
-
-async fn group_loop(pool: PgPool, sql: Arc<Queries>, mut rx: mpsc::UnboundedReceiver<Call>) {
-    let flushers = Arc::new(Semaphore::new(FLUSHERS));
-    let finished = Arc::new(Notify::new());
-    loop {
-        let mut group = Vec::new();
-        if rx.recv_many(&mut group, MAX_GROUP).await == 0 {
-            return;
-        }
-        while flushers.available_permits() < FLUSHERS && group.len() < WORTH_A_STATEMENT {
-            let room = MAX_GROUP - group.len();
-            tokio::select! {
-                () = finished.notified() => break,
-                n = rx.recv_many(&mut group, room) => if n == 0 { break },
-            }
-        }
-        let Ok(permit) = Arc::clone(&flushers).acquire_owned().await else { return };
-        let (pool, sql) = (pool.clone(), Arc::clone(&sql));
-        let done = Finished { signal: Arc::clone(&finished), _slot: permit };
-        tokio::spawn(async move {
-            flush(&pool, &sql, group).await;
-            drop(done);
-        });
-    }
 }
 
 async fn flush(pool: &PgPool, sql: &Queries, mut group: Vec<Call>) {

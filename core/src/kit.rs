@@ -43,6 +43,7 @@
 //! ```
 
 pub mod broker;
+pub mod group;
 
 pub use crate::alert::BoxFuture;
 pub use crate::backend::{

@@ -5,7 +5,7 @@
 
 use redrive_core::FailureRecord;
 use redrive_core::ProviderKey;
-use redrive_core::kit::{Begin, Claim, Claimed, Hold, Kinds, Lease, Renew, payload_fingerprint};
+use redrive_core::kit::{Begin, Claim, Claimed, Hold, Kinds, Lease, Ledger, Renew, payload_fingerprint};
 use redrive_core::{FailureId, Result};
 
 use super::*;
@@ -68,7 +68,7 @@ impl PgmqBackend {
     /// worker's ledger.
     async fn hold_keys(&self, tx: &mut PgConnection, claimed: &mut [Claimed], lease: Duration) -> Result<()> {
         let mut seen = std::collections::HashSet::new();
-        let mut asking: Vec<usize> = (0..claimed.len())
+        let asking: Vec<usize> = (0..claimed.len())
             .filter(|&n| {
                 let job = &claimed[n].job;
                 job.undecodable.is_none() && job.replay_of.is_none() && seen.insert(job.key.as_str().to_owned())
@@ -77,29 +77,20 @@ impl PgmqBackend {
         if asking.is_empty() {
             return Ok(());
         }
-        asking.sort_by(|&a, &b| claimed[a].job.key.as_str().cmp(claimed[b].job.key.as_str()));
         let holders: Vec<uuid::Uuid> = asking.iter().map(|_| uuid::Uuid::new_v4()).collect();
-        let keys: Vec<&str> = asking.iter().map(|&n| claimed[n].job.key.as_str()).collect();
-        let prints: Vec<String> = asking.iter().map(|&n| payload_fingerprint(&claimed[n].job.payload)).collect();
-        let secs: Vec<f64> = asking.iter().map(|_| f64::from(whole_seconds(lease))).collect();
-        let providers: Vec<uuid::Uuid> = asking.iter().map(|&n| claimed[n].job.provider_key.as_uuid()).collect();
-        let rows = q(&self.inner.sql.keys_hold)
-            .bind(&keys)
-            .bind(&prints)
-            .bind(&holders)
-            .bind(&secs)
-            .bind(&providers)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db(e, "take the claimed jobs' keys"))?;
-        let taken: std::collections::HashMap<String, (bool, Option<uuid::Uuid>)> = rows
+        let keys: Vec<_> = asking
             .iter()
-            .map(|r| (r.get::<String, _>("idempotency_key"), (r.get("fresh"), r.get("provider_key"))))
+            .zip(&holders)
+            .map(|(&n, &holder)| {
+                let job = &claimed[n].job;
+                (&job.key, payload_fingerprint(&job.payload), holder, job.provider_key)
+            })
             .collect();
+        let hold = Duration::from_secs(whole_seconds(lease) as u64);
+        let taken = self.inner.records.begin_keys_in(tx, &keys, hold).await?;
         for (&n, holder) in asking.iter().zip(holders) {
             let claim = &mut claimed[n];
-            let Some(&(fresh, stored)) = taken.get(claim.job.key.as_str()) else { continue };
-            let provider_key = stored.map_or(claim.job.provider_key, ProviderKey::from_uuid);
+            let Some(&(fresh, provider_key)) = taken.get(claim.job.key.as_str()) else { continue };
             let hold = Hold {
                 key: claim.job.key.clone(),
                 token: holder.to_string(),
@@ -118,24 +109,18 @@ impl PgmqBackend {
         self.inner.held.with(&lease.job_id.0, &lease.token, |h| h.hold.clone()).flatten()
     }
 
-    /// Ends the claim's hold of its key (a settlement other than completion), on `conn`. A hold
-    /// not let go lapses with the claim's lease.
-    async fn let_go(&self, conn: &mut PgConnection, lease: &Lease) -> Result<()> {
-        let Some((key, holder)) = self.hold_of(lease) else { return Ok(()) };
-        q(&self.inner.sql.keys_let_go)
-            .bind(key)
-            .bind(holder)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| db(e, "let go of the key's hold"))?;
-        Ok(())
+    /// The claim's hold of `lease`'s key, as the ledger knows it.
+    fn ledger_hold(&self, lease: &Lease) -> Option<Hold> {
+        let (key, holder) = self.hold_of(lease)?;
+        let key = redrive_core::IdempotencyKey::parse(key).ok()?;
+        Some(Hold { key, token: holder.to_string(), provider_key: ProviderKey::mint(), lease: None })
     }
 
-    /// [`let_go`](Self::let_go) on a connection of the pool, after a settlement: a failure is
-    /// logged, since the hold lapses on its own.
-    async fn let_go_after(&self, lease: &Lease) {
-        let Ok(mut conn) = self.inner.pool.acquire().await else { return };
-        if let Err(e) = self.let_go(&mut conn, lease).await {
+    /// Ends the claim's hold of its key after a settlement other than completion, so that the next
+    /// attempt takes the key at once; a failure is logged, since the hold lapses on its own.
+    async fn let_go(&self, lease: &Lease) {
+        let Some(hold) = self.ledger_hold(lease) else { return };
+        if let Err(e) = self.inner.records.release_hold(&hold).await {
             tracing::debug!(error = %e, "could not let go of the key's hold; it lapses on its own");
         }
     }
@@ -144,21 +129,10 @@ impl PgmqBackend {
     /// key (unless `settling`: the settlement decides now), `LeaseLost` if another attempt took
     /// it over.
     async fn keep_hold(&self, lease: &Lease, by: Duration, settling: bool) -> Result<()> {
-        let Some((key, holder)) = self.hold_of(lease) else { return Ok(()) };
-        let row = q(&self.inner.sql.keys_keep)
-            .bind(&key)
-            .bind(holder)
-            .bind(seconds(by))
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| db(e, "extend the key's hold"))?;
-        let Some(row) = row else { return Ok(()) };
-        match (row.get::<&str, _>("state"), row.get::<bool, _>("kept")) {
-            ("cancelled", _) if !settling => {
-                Err(Error::new(ErrorKind::Cancelled, format!("key {key} was cancelled while its job ran")))
-            }
-            ("pending", false) => Err(lease_lost("extend the key's hold")),
-            _ => Ok(()),
+        let Some(hold) = self.ledger_hold(lease) else { return Ok(()) };
+        match self.inner.records.extend_hold(&hold, by).await {
+            Err(e) if settling && e.kind() == ErrorKind::Cancelled => Ok(()),
+            other => other,
         }
     }
 }
@@ -237,7 +211,7 @@ impl Claim for PgmqBackend {
         let errors = broker::add_error(carried(read.as_deref()).errors, attempt, error);
         let headers = with_errors(read.as_deref(), &errors);
         self.fenced(&self.inner.sql.retry, lease, Some(seconds(delay)), Some(&headers), "retry").await?;
-        self.let_go_after(lease).await;
+        self.let_go(lease).await;
         self.forget(lease);
         Ok(())
     }
@@ -245,14 +219,14 @@ impl Claim for PgmqBackend {
     /// Hidden for `delay`, its read given back: no number of deferrals uses up attempts.
     async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
         self.fenced(&self.inner.sql.give_back, lease, Some(seconds(delay)), None, "defer").await?;
-        self.let_go_after(lease).await;
+        self.let_go(lease).await;
         self.forget(lease);
         Ok(())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.fenced(&self.inner.sql.give_back, lease, Some(0.0), None, "release").await?;
-        self.let_go_after(lease).await;
+        self.let_go(lease).await;
         self.forget(lease);
         Ok(())
     }
@@ -283,8 +257,8 @@ impl Claim for PgmqBackend {
             .execute(&mut *tx)
             .await
             .map_err(|e| db(e, "archive the dead-lettered message"))?;
-        self.let_go(&mut tx, lease).await?;
         tx.commit().await.map_err(|e| db(e, "commit the dead letter"))?;
+        self.let_go(lease).await;
         self.forget(lease);
         Ok(Some(record))
     }

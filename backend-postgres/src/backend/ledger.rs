@@ -1,14 +1,15 @@
 //! The effect ledger for keys that are not this backend's jobs (another queue's, alerts'): the
 //! `processed_keys` table. A hold that is one of this backend's job leases is kept by the lease.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive_core::kit::{Begin, Claim, Hold, Ledger, Renew, payload_fingerprint, require_cancel_audit};
 use redrive_core::{CancelOutcome, Cancellation, Error, ErrorKind, Flow, IdempotencyKey, ProviderKey, Result};
 use serde_json::Value;
-use sqlx::Row;
 use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
 use tracing::info;
 use uuid::Uuid;
 
@@ -16,6 +17,49 @@ use super::PgBackend;
 use crate::error::db;
 use crate::ledger_batch::BeginCall;
 use crate::sql::q;
+
+impl PgBackend {
+    /// [`Ledger::begin`] of many keys in the caller's transaction, for a queue in this database
+    /// that is its own jobs' ledger (pgmq's claim takes the keys of what it reads in the read's
+    /// transaction). Each of `keys` (distinct) with its payload's fingerprint, the holder's token
+    /// and the provider key, held for `hold`. Answers, for each key taken, whether it was fresh
+    /// (else a lapsed hold taken over) and the stored provider key; a key not taken (held, done,
+    /// cancelled, another payload) is absent: [`Ledger::begin`] says which.
+    pub async fn begin_keys_in(
+        &self,
+        conn: &mut PgConnection,
+        keys: &[(&IdempotencyKey, String, Uuid, ProviderKey)],
+        hold: Duration,
+    ) -> Result<HashMap<String, (bool, ProviderKey)>> {
+        let mut keys: Vec<_> = keys.iter().collect();
+        // One order for every statement's row locks, so that two cannot deadlock.
+        keys.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        let names: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
+        let prints: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
+        let holders: Vec<Uuid> = keys.iter().map(|k| k.2).collect();
+        let secs: Vec<f64> = vec![hold.as_secs_f64(); keys.len()];
+        let providers: Vec<Uuid> = keys.iter().map(|k| k.3.as_uuid()).collect();
+        let rows = q(&self.inner.sql.ledger_begin)
+            .bind(&names)
+            .bind(&prints)
+            .bind(&holders)
+            .bind(&secs)
+            .bind(&providers)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| db(e, "ledger begin"))?;
+        let mut taken = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let key: String = row.get("idempotency_key");
+            let asked = keys.iter().find(|k| k.0.as_str() == key).map(|k| k.3);
+            let stored = row.get::<Option<Uuid>, _>("provider_key").map(ProviderKey::from_uuid).or(asked);
+            if let Some(provider_key) = stored {
+                taken.insert(key, (row.get::<bool, _>("fresh"), provider_key));
+            }
+        }
+        Ok(taken)
+    }
+}
 
 impl Ledger for PgBackend {
     async fn begin(
