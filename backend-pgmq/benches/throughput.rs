@@ -299,7 +299,8 @@ async fn postgres_burn(ctx: &Ctx) -> BoxResult<f64> {
     let config = WorkerConfig { concurrency: CLIENTS as usize, ..WorkerConfig::default() };
     let before = commits(ctx).await?;
     let rate = burn(backend.clone(), backend.clone(), config).await?;
-    backend.pool().close().await;
+    // Not its LISTEN connection, which is returned only when its task next wakes.
+    let _ = tokio::time::timeout(Duration::from_secs(2), backend.pool().close()).await;
     let per_job = (commits(ctx).await? - before) / JOBS as f64;
     println!("- redrive-postgres burn-down: {rate:.0} jobs/s, {per_job:.3} commits per job");
     drop_store(ctx, backend).await?;
@@ -319,6 +320,26 @@ async fn autovacuum(admin: &PgPool, on: bool) -> BoxResult<()> {
     Ok(())
 }
 
+/// Drops the queues and schemas that interrupted runs left behind (their process is gone).
+async fn drop_stale(ctx: &Ctx) -> BoxResult<()> {
+    let gone = |name: &str| {
+        let pid = name.split('_').nth(2).and_then(|p| p.parse::<u32>().ok());
+        !pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+    };
+    let queues = sqlx::query("SELECT queue_name FROM pgmq.meta WHERE queue_name LIKE 'rdbench\\_%'")
+        .fetch_all(&ctx.admin)
+        .await?;
+    for name in queues.iter().map(|r| r.get::<String, _>(0)).filter(|n| gone(n)) {
+        sqlx::query("SELECT pgmq.drop_queue($1)").bind(name).execute(&ctx.admin).await?;
+    }
+    let schemas =
+        sqlx::query("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'rdbench\\_%'").fetch_all(&ctx.admin).await?;
+    for name in schemas.iter().map(|r| r.get::<String, _>(0)).filter(|n| gone(n)) {
+        ctx.sql(format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")).await?;
+    }
+    Ok(())
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -335,6 +356,7 @@ async fn main() -> BoxResult<()> {
     let dir = std::env::temp_dir().join(format!("redrive-pgmq-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut ctx = Ctx { url, admin, dir, next: AtomicU64::new(0), autovacuum: false };
+    drop_stale(&ctx).await?;
 
     if std::env::var_os("REDRIVE_BENCH_QUICK").is_some() {
         // For tuning: the default burn-down alone.
