@@ -59,8 +59,11 @@ impl Completer {
 async fn flush(pool: &PgPool, statement: &Arc<str>, batch: Vec<Request>) {
     let ids: Vec<i64> = batch.iter().map(|r| r.id).collect();
     let reads: Vec<DateTime<Utc>> = batch.iter().map(|r| r.read_at).collect();
-    let (keys, results): (Vec<&str>, Vec<&Value>) =
-        batch.iter().filter_map(|r| r.effect.as_ref().map(|(k, v)| (k.as_str(), v))).unzip();
+    // Keys in one order, so that two statements lock their rows alike.
+    let mut effects: Vec<(&str, &Value)> =
+        batch.iter().filter_map(|r| r.effect.as_ref().map(|(k, v)| (k.as_str(), v))).collect();
+    effects.sort_by(|a, b| a.0.cmp(b.0));
+    let (keys, results): (Vec<&str>, Vec<&Value>) = effects.into_iter().unzip();
     let results: Vec<Value> = results.into_iter().cloned().collect();
     match q(statement).bind(&ids).bind(&reads).bind(&keys).bind(&results).fetch_all(pool).await {
         Ok(rows) => {

@@ -31,6 +31,8 @@ impl PgmqBackend {
         }
         let done = query.execute(&self.inner.pool).await.map_err(|e| db(e, what))?;
         if done.rows_affected() == 0 {
+            // Another read holds the message: nothing of this claim is left to keep.
+            self.forget(lease);
             return Err(lease_lost(what));
         }
         Ok(())
@@ -102,6 +104,12 @@ impl PgmqBackend {
             self.inner.held.with(&claim.lease.job_id.0, &claim.lease.token, |h| h.hold = Some((key, holder)));
         }
         Ok(())
+    }
+
+    /// Marks the held entry of `lease` as in use, so that a long handler's entry (and the hold
+    /// it names) is not dropped with the stale ones.
+    fn touch(&self, lease: &Lease) {
+        self.inner.held.renew(&lease.job_id.0, &lease.token, lease.token.clone(), |_| ());
     }
 
     /// The key this process's claim took for `lease`, with its holder.
@@ -197,10 +205,15 @@ impl Claim for PgmqBackend {
             .inner
             .completer
             .get_or_init(|| Completer::start(self.inner.pool.clone(), Arc::clone(&self.inner.sql.complete)));
-        if !completer.complete(id, read_at, effect).await? {
-            return Err(lease_lost(what));
+        let deleted = completer.complete(id, read_at, effect).await?;
+        if result.is_none() {
+            // Completed unrun (past its deadline, say): its key was not used, so it is let go.
+            self.let_go(lease).await;
         }
         self.forget(lease);
+        if !deleted {
+            return Err(lease_lost(what));
+        }
         Ok(())
     }
 
@@ -281,12 +294,14 @@ impl Renew for PgmqBackend {
     /// With the hold the claim took: extended too, and `Cancelled` once a person cancelled its key.
     async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
         self.fenced(&self.inner.sql.renew, lease, Some(seconds(by)), None, "extend visibility").await?;
+        self.touch(lease);
         self.keep_hold(lease, by, false).await?;
         Ok(lease.clone())
     }
 
     async fn renew_settling(&self, lease: &Lease, by: Duration) -> Result<Lease> {
         self.fenced(&self.inner.sql.renew, lease, Some(seconds(by)), None, "extend visibility").await?;
+        self.touch(lease);
         self.keep_hold(lease, by, true).await?;
         Ok(lease.clone())
     }

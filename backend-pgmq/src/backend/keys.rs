@@ -150,6 +150,8 @@ impl PgmqBackend {
     ) -> Result<HashMap<String, Taken>> {
         let mut taken = HashMap::with_capacity(distinct.len());
         let mut asking: Vec<usize> = distinct.to_vec();
+        // One order for every statement's row locks, so that two batches cannot deadlock.
+        asking.sort_by(|&a, &b| jobs[a].key.as_str().cmp(jobs[b].key.as_str()));
         for _ in 0..2 {
             let keys: Vec<&str> = asking.iter().map(|&n| jobs[n].key.as_str()).collect();
             let prints: Vec<&str> = asking.iter().map(|&n| fingerprints[n].as_str()).collect();
