@@ -211,8 +211,13 @@ fn statements() -> Vec<Statement> {
         Statement {
             name: "ledger_begin",
             sql: file!("ledger_begin"),
-            types: "text, text, uuid, float8, uuid",
-            args: |s| format!("'{}', 'f', gen_random_uuid(), 30, gen_random_uuid()", s.ledger_key),
+            types: "text[], text[], uuid[], float8[], uuid[]",
+            args: |s| {
+                format!(
+                    "ARRAY['{}'], ARRAY['f'], ARRAY[gen_random_uuid()], ARRAY[30::float8], ARRAY[gen_random_uuid()]",
+                    s.ledger_key
+                )
+            },
         },
         Statement {
             name: "ledger_state",
@@ -235,8 +240,8 @@ fn statements() -> Vec<Statement> {
         Statement {
             name: "ledger_finish",
             sql: file!("ledger_finish"),
-            types: "text, jsonb",
-            args: |s| format!("'{}', 'null'", s.ledger_key),
+            types: "text[], jsonb[]",
+            args: |s| format!("ARRAY['{}'], ARRAY['null'::jsonb]", s.ledger_key),
         },
     ]
 }
