@@ -4,7 +4,6 @@
 //! another worker now holds.
 
 use redrive_core::FailureRecord;
-use redrive_core::ProviderKey;
 use redrive_core::kit::{Begin, Claim, Claimed, Hold, Kinds, Lease, Ledger, Renew, payload_fingerprint};
 use redrive_core::{FailureId, Result};
 
@@ -92,16 +91,17 @@ impl PgmqBackend {
         let taken = self.inner.records.begin_keys_in(tx, &keys, hold).await?;
         for (&n, holder) in asking.iter().zip(holders) {
             let claim = &mut claimed[n];
-            let Some(&(fresh, provider_key)) = taken.get(claim.job.key.as_str()) else { continue };
+            let Some(&(fresh, stored)) = taken.get(claim.job.key.as_str()) else { continue };
             let hold = Hold {
                 key: claim.job.key.clone(),
                 token: holder.to_string(),
-                provider_key,
-                lease: Some(claim.lease.clone()),
+                provider_key: stored.unwrap_or(claim.job.provider_key),
+                lease: None,
             };
-            claim.begun = Some(if fresh { Begin::Fresh(hold) } else { Begin::Resumed(hold) });
-            let key = claim.job.key.as_str().to_owned();
-            self.inner.held.with(&claim.lease.job_id.0, &claim.lease.token, |h| h.hold = Some((key, holder)));
+            // The ledger's hold is kept here; the worker gets it as the lease (its hold mode).
+            let handed = Hold { lease: Some(claim.lease.clone()), ..hold.clone() };
+            claim.begun = Some(if fresh { Begin::Fresh(handed) } else { Begin::Resumed(handed) });
+            self.inner.held.with(&claim.lease.job_id.0, &claim.lease.token, |h| h.hold = Some(hold));
         }
         Ok(())
     }
@@ -112,36 +112,33 @@ impl PgmqBackend {
         self.inner.held.renew(&lease.job_id.0, &lease.token, lease.token.clone(), |_| ());
     }
 
-    /// The key this process's claim took for `lease`, with its holder.
-    fn hold_of(&self, lease: &Lease) -> Option<(String, uuid::Uuid)> {
+    /// The ledger's hold of the key this process's claim took for `lease`.
+    fn hold_of(&self, lease: &Lease) -> Option<Hold> {
         self.inner.held.with(&lease.job_id.0, &lease.token, |h| h.hold.clone()).flatten()
-    }
-
-    /// The claim's hold of `lease`'s key, as the ledger knows it.
-    fn ledger_hold(&self, lease: &Lease) -> Option<Hold> {
-        let (key, holder) = self.hold_of(lease)?;
-        let key = redrive_core::IdempotencyKey::parse(key).ok()?;
-        Some(Hold { key, token: holder.to_string(), provider_key: ProviderKey::mint(), lease: None })
     }
 
     /// Ends the claim's hold of its key after a settlement other than completion, so that the next
     /// attempt takes the key at once; a failure is logged, since the hold lapses on its own.
     async fn let_go(&self, lease: &Lease) {
-        let Some(hold) = self.ledger_hold(lease) else { return };
+        let Some(hold) = self.hold_of(lease) else { return };
         if let Err(e) = self.inner.records.release_hold(&hold).await {
             tracing::debug!(error = %e, "could not let go of the key's hold; it lapses on its own");
         }
     }
 
-    /// A renewal's part of the ledger: the hold extended; `Cancelled` if a person cancelled the
-    /// key (unless `settling`: the settlement decides now), `LeaseLost` if another attempt took
-    /// it over.
-    async fn keep_hold(&self, lease: &Lease, by: Duration, settling: bool) -> Result<()> {
-        let Some(hold) = self.ledger_hold(lease) else { return Ok(()) };
-        match self.inner.records.extend_hold(&hold, by).await {
-            Err(e) if settling && e.kind() == ErrorKind::Cancelled => Ok(()),
-            other => other,
+    /// `set_vt`'s update, fenced, and the claim's hold extended with it: `Cancelled` if a person
+    /// cancelled the key (unless `settling`: the settlement decides now), `LeaseLost` if another
+    /// attempt took it over.
+    async fn extend(&self, lease: &Lease, by: Duration, settling: bool) -> Result<Lease> {
+        self.fenced(&self.inner.sql.renew, lease, Some(seconds(by)), None, "extend visibility").await?;
+        self.touch(lease);
+        if let Some(hold) = self.hold_of(lease) {
+            match self.inner.records.extend_hold(&hold, by).await {
+                Err(e) if settling && e.kind() == ErrorKind::Cancelled => {}
+                other => other?,
+            }
         }
+        Ok(lease.clone())
     }
 }
 
@@ -200,7 +197,8 @@ impl Claim for PgmqBackend {
         let what = "delete the finished message";
         let (id, read_at) = (message_id(lease)?, read_time(lease, what)?);
         // The hold the claim took is marked done with the handler's result in the same statement.
-        let effect = self.hold_of(lease).zip(result).map(|((key, _), result)| (key, result.clone()));
+        let effect =
+            self.hold_of(lease).zip(result).map(|(hold, result)| (hold.key.as_str().to_owned(), result.clone()));
         let completer = self
             .inner
             .completer
@@ -290,19 +288,13 @@ impl Claim for PgmqBackend {
 }
 
 impl Renew for PgmqBackend {
-    /// pgmq's `set_vt`, fenced: the lease's token stays (a renewal is not a read).
-    /// With the hold the claim took: extended too, and `Cancelled` once a person cancelled its key.
+    /// pgmq's `set_vt`, fenced: the lease's token stays (a renewal is not a read). With the hold
+    /// the claim took: extended too, and `Cancelled` once a person cancelled its key.
     async fn renew(&self, lease: &Lease, by: Duration) -> Result<Lease> {
-        self.fenced(&self.inner.sql.renew, lease, Some(seconds(by)), None, "extend visibility").await?;
-        self.touch(lease);
-        self.keep_hold(lease, by, false).await?;
-        Ok(lease.clone())
+        self.extend(lease, by, false).await
     }
 
     async fn renew_settling(&self, lease: &Lease, by: Duration) -> Result<Lease> {
-        self.fenced(&self.inner.sql.renew, lease, Some(seconds(by)), None, "extend visibility").await?;
-        self.touch(lease);
-        self.keep_hold(lease, by, true).await?;
-        Ok(lease.clone())
+        self.extend(lease, by, true).await
     }
 }

@@ -45,11 +45,11 @@ struct Inner {
 }
 
 /// A message held by this process: its headers as read (redrive's error history among them),
-/// and the key its claim took in the ledger with the holder's token, if it took one.
+/// and the ledger's hold of the key, if its claim took one.
 struct Holding {
     headers: Option<String>,
     attempt: u32,
-    hold: Option<(String, uuid::Uuid)>,
+    hold: Option<redrive_core::kit::Hold>,
 }
 
 /// What redrive keeps in a message's `headers` beside pgmq's: the failed attempts' errors, for

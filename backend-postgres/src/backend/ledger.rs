@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::PgBackend;
 use crate::error::db;
-use crate::ledger_batch::BeginCall;
+use crate::ledger_batch::{BeginCall, begin_keys};
 use crate::sql::q;
 
 impl PgBackend {
@@ -23,41 +23,28 @@ impl PgBackend {
     /// that is its own jobs' ledger (pgmq's claim takes the keys of what it reads in the read's
     /// transaction). Each of `keys` (distinct) with its payload's fingerprint, the holder's token
     /// and the provider key, held for `hold`. Answers, for each key taken, whether it was fresh
-    /// (else a lapsed hold taken over) and the stored provider key; a key not taken (held, done,
-    /// cancelled, another payload) is absent: [`Ledger::begin`] says which.
+    /// (else a lapsed hold taken over) and the stored provider key (`None` on rows from before
+    /// provider keys were kept: the job's is used); a key not taken (held, done, cancelled,
+    /// another payload) is absent: [`Ledger::begin`] says which.
     pub async fn begin_keys_in(
         &self,
         conn: &mut PgConnection,
         keys: &[(&IdempotencyKey, String, Uuid, ProviderKey)],
         hold: Duration,
-    ) -> Result<HashMap<String, (bool, ProviderKey)>> {
-        let mut keys: Vec<_> = keys.iter().collect();
-        // One order for every statement's row locks, so that two cannot deadlock.
-        keys.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        let names: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
-        let prints: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
-        let holders: Vec<Uuid> = keys.iter().map(|k| k.2).collect();
-        let secs: Vec<f64> = vec![hold.as_secs_f64(); keys.len()];
-        let providers: Vec<Uuid> = keys.iter().map(|k| k.3.as_uuid()).collect();
-        let rows = q(&self.inner.sql.ledger_begin)
-            .bind(&names)
-            .bind(&prints)
-            .bind(&holders)
-            .bind(&secs)
-            .bind(&providers)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| db(e, "ledger begin"))?;
-        let mut taken = HashMap::with_capacity(rows.len());
-        for row in rows {
-            let key: String = row.get("idempotency_key");
-            let asked = keys.iter().find(|k| k.0.as_str() == key).map(|k| k.3);
-            let stored = row.get::<Option<Uuid>, _>("provider_key").map(ProviderKey::from_uuid).or(asked);
-            if let Some(provider_key) = stored {
-                taken.insert(key, (row.get::<bool, _>("fresh"), provider_key));
-            }
-        }
-        Ok(taken)
+    ) -> Result<HashMap<String, (bool, Option<ProviderKey>)>> {
+        let calls: Vec<BeginCall> = keys
+            .iter()
+            .map(|(key, fingerprint, token, provider_key)| BeginCall {
+                key: key.as_str().to_owned(),
+                fingerprint: fingerprint.clone(),
+                token: *token,
+                secs: hold.as_secs_f64(),
+                provider_key: provider_key.as_uuid(),
+            })
+            .collect();
+        let calls: Vec<&BeginCall> = calls.iter().collect();
+        let taken = begin_keys(conn, &self.inner.sql, &calls).await?;
+        Ok(taken.into_iter().map(|(key, (fresh, stored))| (key, (fresh, stored.map(ProviderKey::from_uuid)))).collect())
     }
 }
 
