@@ -3,8 +3,9 @@
 //! [`Replay`](redrive_core::Replay). Nothing is drained: a dead letter keeps its record in the
 //! transaction that archives its message.
 
-use redrive_core::FailureId;
-use redrive_core::kit::broker::{Broker, Drained};
+use redrive_core::kit::Taken;
+use redrive_core::kit::broker::{Broker, Drained, REPLAY_WINDOW};
+use redrive_core::{FailureId, RecordState, ReplayOutcome};
 
 use super::*;
 
@@ -28,7 +29,32 @@ impl Broker for PgmqBackend {
     }
 
     async fn send_replay(&self, job: &NewJob, _record: &FailureId) -> Result<JobId> {
-        self.send_under_key(job).await
+        let mut tx = self.inner.pool.begin().await.map_err(|e| db(e, "begin replay"))?;
+        let id = self.send_under_key(&mut tx, job).await?;
+        tx.commit().await.map_err(|e| db(e, "commit replay"))?;
+        Ok(id)
+    }
+
+    /// The record taken, its job sent under its key and the record closed in one transaction of
+    /// the one database: a replay either happened whole or not at all.
+    async fn replay_at_once(
+        &self,
+        job: &NewJob,
+        record: &FailureId,
+        closed: &RecordState,
+    ) -> Result<Option<ReplayOutcome>> {
+        let (records, scope) = (&self.inner.records, self.inner.core.scope());
+        let mut tx = self.inner.pool.begin().await.map_err(|e| db(e, "begin replay"))?;
+        if let Taken::Closed(state) = records.take_record_in(&mut tx, scope, record, REPLAY_WINDOW).await? {
+            return Ok(Some(ReplayOutcome::AlreadyClosed(state)));
+        }
+        let id = self.send_under_key(&mut tx, job).await?;
+        if let Some(state) = records.close_record_in(&mut tx, scope, record, closed).await? {
+            // Settled by another writer between the take and the close: nothing is sent.
+            return Ok(Some(ReplayOutcome::AlreadyClosed(state)));
+        }
+        tx.commit().await.map_err(|e| db(e, "commit replay"))?;
+        Ok(Some(ReplayOutcome::Replayed(id)))
     }
 
     /// A closed record's archived message goes: the record keeps what is kept of the job.

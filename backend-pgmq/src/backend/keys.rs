@@ -184,21 +184,19 @@ impl PgmqBackend {
         Err(Error::temporary(format!("job {} is being enqueued concurrently", jobs[asking[0]].key)))
     }
 
-    /// Sends a replayed job under its key, in one transaction with the key's row, which now
-    /// answers for the replayed message.
-    pub(super) async fn send_under_key(&self, job: &NewJob) -> Result<JobId> {
-        let mut tx = self.inner.pool.begin().await.map_err(|e| db(e, "begin replay"))?;
-        let id = self.send(&mut tx, &[job], "replay").await?.remove(0);
+    /// Sends a replayed job under its key, on `conn` (a transaction the caller ends), with the
+    /// key's row, which now answers for the replayed message.
+    pub(super) async fn send_under_key(&self, conn: &mut PgConnection, job: &NewJob) -> Result<JobId> {
+        let id = self.send(conn, &[job], "replay").await?.remove(0);
         q(&self.inner.sql.keys_replayed)
             .bind(self.inner.core.scope())
             .bind(job.key.as_str())
             .bind(job.fingerprint())
             .bind(job.provider_key.as_uuid())
             .bind(&id.0)
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await
             .map_err(|e| db(e, "note the replay's message"))?;
-        tx.commit().await.map_err(|e| db(e, "commit replay"))?;
         Ok(id)
     }
 }

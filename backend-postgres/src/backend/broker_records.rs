@@ -71,6 +71,65 @@ impl PgBackend {
     }
 }
 
+impl PgBackend {
+    /// [`RecordStore::take_for_replay`] on `conn`: in the caller's transaction, for a queue in
+    /// this database (pgmq) that takes a record, sends its job and closes it in one commit.
+    pub async fn take_record_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        queue: &str,
+        id: &FailureId,
+        window: Duration,
+    ) -> Result<Taken> {
+        let row = q(&self.inner.sql.broker_take)
+            .bind(queue)
+            .bind(&id.0)
+            .bind(window.as_secs_f64())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| db(e, "take a record for replay"))?;
+        match row {
+            Some(row) => Ok(Taken::Record(Box::new(broker_record(&row)?))),
+            None => Ok(Taken::Closed(self.record_on(conn, queue, id).await?.state)),
+        }
+    }
+
+    /// [`RecordStore::close_record`] on `conn`, in the caller's transaction.
+    pub async fn close_record_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        queue: &str,
+        id: &FailureId,
+        state: &RecordState,
+    ) -> Result<Option<RecordState>> {
+        // A replay closes its take as replayed, or gives it back as open; a discard needs an
+        // open record.
+        let by_replay = !matches!(state, RecordState::Discarded { .. });
+        let closed = q(&self.inner.sql.broker_close)
+            .bind(queue)
+            .bind(&id.0)
+            .bind(serde_json::to_value(state).expect("a state serializes"))
+            .bind(by_replay)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| db(e, "close a failure record"))?;
+        match closed {
+            Some(_) => Ok(None),
+            None => Ok(Some(self.record_on(conn, queue, id).await?.state)),
+        }
+    }
+
+    async fn record_on(&self, conn: &mut sqlx::PgConnection, queue: &str, id: &FailureId) -> Result<FailureRecord> {
+        let row = q(&self.inner.sql.broker_get)
+            .bind(queue)
+            .bind(&id.0)
+            .fetch_optional(conn)
+            .await
+            .map_err(|e| db(e, "get failure record"))?;
+        broker_record(&row.ok_or_else(|| not_found(id))?)
+    }
+}
+
 impl RecordStore for PgBackend {
     fn keep_records<'a>(&'a self, queue: &'a str, records: &'a [FailureRecord]) -> BoxFuture<'a, Result<u64>> {
         Box::pin(async move {
@@ -118,13 +177,8 @@ impl RecordStore for PgBackend {
 
     fn record<'a>(&'a self, queue: &'a str, id: &'a FailureId) -> BoxFuture<'a, Result<FailureRecord>> {
         Box::pin(async move {
-            let row = q(&self.inner.sql.broker_get)
-                .bind(queue)
-                .bind(&id.0)
-                .fetch_optional(&self.inner.pool)
-                .await
-                .map_err(|e| db(e, "get failure record"))?;
-            broker_record(&row.ok_or_else(|| not_found(id))?)
+            let mut conn = self.inner.pool.acquire().await.map_err(|e| db(e, "get failure record"))?;
+            self.record_on(&mut conn, queue, id).await
         })
     }
 
@@ -147,17 +201,8 @@ impl RecordStore for PgBackend {
         window: Duration,
     ) -> BoxFuture<'a, Result<Taken>> {
         Box::pin(async move {
-            let row = q(&self.inner.sql.broker_take)
-                .bind(queue)
-                .bind(&id.0)
-                .bind(window.as_secs_f64())
-                .fetch_optional(&self.inner.pool)
-                .await
-                .map_err(|e| db(e, "take a record for replay"))?;
-            match row {
-                Some(row) => Ok(Taken::Record(Box::new(broker_record(&row)?))),
-                None => Ok(Taken::Closed(self.record(queue, id).await?.state)),
-            }
+            let mut conn = self.inner.pool.acquire().await.map_err(|e| db(e, "take a record for replay"))?;
+            self.take_record_in(&mut conn, queue, id, window).await
         })
     }
 
@@ -168,21 +213,8 @@ impl RecordStore for PgBackend {
         state: &'a RecordState,
     ) -> BoxFuture<'a, Result<Option<RecordState>>> {
         Box::pin(async move {
-            // A replay closes its take as replayed, or gives it back as open; a discard needs an
-            // open record.
-            let by_replay = !matches!(state, RecordState::Discarded { .. });
-            let closed = q(&self.inner.sql.broker_close)
-                .bind(queue)
-                .bind(&id.0)
-                .bind(serde_json::to_value(state).expect("a state serializes"))
-                .bind(by_replay)
-                .fetch_optional(&self.inner.pool)
-                .await
-                .map_err(|e| db(e, "close a failure record"))?;
-            match closed {
-                Some(_) => Ok(None),
-                None => Ok(Some(self.record(queue, id).await?.state)),
-            }
+            let mut conn = self.inner.pool.acquire().await.map_err(|e| db(e, "close a failure record"))?;
+            self.close_record_in(&mut conn, queue, id, state).await
         })
     }
 

@@ -92,8 +92,9 @@ pub async fn withdraw_replay<B: Broker>(broker: &B, record: &FailureId, cancel: 
 
 impl<B: Broker> Replay for B {
     /// Takes the record in the store (so that no other replay, in any process, sends it), sends
-    /// the job back with its original keys, then closes the record. Retried after a failure
-    /// past the send, within five minutes, it sends nothing more; a replay that died before
+    /// the job back with its original keys, then closes the record: in one transaction where the
+    /// broker can ([`Broker::replay_at_once`]), else in three steps: retried after a
+    /// failure past the send, within five minutes, it sends nothing more; a replay that died before
     /// closing leaves the record open again after five minutes, and a replay then sends it
     /// again (the effect ledger keeps the effect to one).
     async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
@@ -119,6 +120,15 @@ impl<B: Broker> Replay for B {
         job.severity = record.severity;
         job.replay_of = Some(id.clone());
         self.check_job(&job)?;
+        let replayed = RecordState::replaying(reason, actor, false);
+        match self.replay_at_once(&job, id, &replayed).await? {
+            Some(ReplayOutcome::Replayed(sent)) => {
+                info!(record = %id, kind = %record.kind, key = %record.key, job = %sent, actor, reason, "failure record replayed");
+                return Ok(ReplayOutcome::Replayed(sent));
+            }
+            Some(closed) => return Ok(closed),
+            None => {}
+        }
         let core = self.core();
         let (store, scope) = (core.records(), core.scope());
         if let Taken::Closed(state) = store.take_for_replay(scope, id, REPLAY_WINDOW).await? {
@@ -139,7 +149,7 @@ impl<B: Broker> Replay for B {
         if core.replay_stops_after_send() {
             return Err(Error::temporary("injected: the replay stopped after its send"));
         }
-        store.close_record(scope, id, &RecordState::replaying(reason, actor, false)).await?;
+        store.close_record(scope, id, &replayed).await?;
         info!(record = %id, kind = %record.kind, key = %record.key, job = %sent, actor, reason, "failure record replayed");
         Ok(ReplayOutcome::Replayed(sent))
     }

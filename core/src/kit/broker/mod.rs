@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use crate::backend::{FailureId, FailureRecord};
+use crate::backend::{FailureId, FailureRecord, RecordState, ReplayOutcome};
 use crate::error::{Error, ErrorKind, Result, Retry};
 use crate::job::{JobId, JobRecord, NewJob};
 use crate::records::RecordStore;
@@ -141,6 +141,20 @@ pub trait Broker: Send + Sync {
 
     /// Sends a replayed job to the source queue with its original keys.
     fn send_replay(&self, job: &NewJob, record: &FailureId) -> impl Future<Output = Result<JobId>> + Send;
+
+    /// Replays record `record` in one step, where the queue and the record store share one
+    /// database: takes the record, sends `job` and closes the record as `closed` in one
+    /// transaction, so that no failure between them leaves a job sent and its record open (or
+    /// taken until a window lapses). `Ok(None)` by default: the kit takes, sends and closes in
+    /// three steps, each its own write.
+    fn replay_at_once(
+        &self,
+        _job: &NewJob,
+        _record: &FailureId,
+        _closed: &RecordState,
+    ) -> impl Future<Output = Result<Option<ReplayOutcome>>> + Send {
+        async { Ok(None) }
+    }
 
     /// Removes a closed record's message from the dead-letter queue, where a drain leaves it
     /// (QStash: the entry stays while the record is open, for its retry API). Nothing by default:
