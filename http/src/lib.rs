@@ -1,3 +1,6 @@
+//! redrive at the HTTP edge. Providers' webhooks: [`webhook::Inbox`] verifies a delivery,
+//! keys it by the provider's event id and enqueues one job per event.
+//!
 //! `Idempotency-Key` for your own HTTP endpoints: the rule redrive applies to jobs, at the HTTP
 //! layer. A tower layer (mount it in axum with `.layer(…)`) on the effect ledger of any backend
 //! that has one (Postgres, SQLite, memory).
@@ -69,5 +72,6 @@
 //! [`MemoryBackend::with_ledger_retention`]: redrive_core::MemoryBackend::with_ledger_retention
 
 mod layer;
+pub mod webhook;
 
 pub use layer::{Idempotency, IdempotencyScope, IdempotencyService};
