@@ -304,3 +304,57 @@ async fn one_event_delivered_twice_at_once_runs_once_on_sqlite() {
         .unwrap();
     twice_at_once(sqlite.clone(), sqlite).await;
 }
+
+/// A Stripe event as an app reads it, with a field the test's event lacks.
+#[derive(Debug, Serialize, Deserialize)]
+struct Strict {
+    data: StrictData,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StrictData {
+    amount: u64,
+}
+
+impl Event for Strict {
+    const KIND: &'static str = "stripe_strict";
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_event_the_app_s_type_cannot_read_is_kept_whole_as_a_failure_record() {
+    let queue = MemoryBackend::new();
+    let stripe = Stripe::new(STRIPE_SECRET);
+    let url =
+        listen(Router::new().route("/", Inbox::new(queue.clone()).endpoint::<Strict>("shop", stripe.clone()).unwrap()))
+            .await;
+    let body = json!({"id": "evt_new_shape", "type": "charge.updated", "data": {"amount_total": 5}}).to_string();
+    let signature = vec![("stripe-signature", stripe.signature_header(now(), body.as_bytes()))];
+    assert_eq!(deliver(&url, &signature, &body).await, StatusCode::OK, "verified and stored");
+    let ran = Arc::new(AtomicU32::new(0));
+    let counter = Arc::clone(&ran);
+    let worker = Worker::builder(queue.clone(), queue.clone())
+        .handle::<WebhookEvent<Strict>>(move |_event: WebhookEvent<Strict>, _ctx: JobContext| {
+            let counter = Arc::clone(&counter);
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, JobError>(String::new())
+            }
+        })
+        .build()
+        .start();
+    let mut records = Vec::new();
+    for _ in 0..200 {
+        records = queue.list(&redrive_core::FailureQuery::open()).await.unwrap();
+        if !records.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    worker.shutdown().await;
+    assert_eq!(records.len(), 1, "the event is kept as one failure record");
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the handler never saw it");
+    let record = &records[0];
+    assert_eq!(record.payload["event"]["data"]["amount_total"], 5, "the whole event is in the record");
+    assert_eq!(record.payload["id"], "evt_new_shape");
+    assert!(record.key.as_str().contains("event=evt_new_shape"));
+}

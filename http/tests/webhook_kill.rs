@@ -1,0 +1,130 @@
+//! A worker process killed (SIGKILL) while it handles a webhook event's job, on Postgres: once
+//! its lease lapses, the next worker runs the event once, and a redelivery of the event after it
+//! is answered without running again.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use redrive_core::{DeadLetter, FailureQuery, JobContext, JobError, Worker};
+use redrive_http::webhook::{Event, Inbox, Stripe, WebhookEvent};
+use redrive_postgres::{PgBackend, PgConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+const SECRET: &str = "whsec_kill_test";
+const TEST: &str = "a_worker_killed_mid_event_leaves_the_event_to_the_next_worker_once";
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Refund {
+    data: Value,
+}
+
+impl Event for Refund {
+    const KIND: &'static str = "stripe_refund";
+}
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+async fn connect(schema: &str) -> PgBackend {
+    PgBackend::connect(PgConfig::new(database_url()).with_schema(schema).with_max_connections(4))
+        .await
+        .expect("PostgreSQL is required (run scripts/test)")
+}
+
+fn log_has(path: &Path, line: &str) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|text| text.lines().any(|l| l == line))
+}
+
+async fn until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..600 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The child: a worker whose handler notes that it started, then hangs until it is killed.
+async fn hang(schema: &str, log: &Path) -> ! {
+    let backend = connect(schema).await;
+    let log = log.to_owned();
+    let _worker = Worker::builder(backend.clone(), backend)
+        .handle::<WebhookEvent<Refund>>(move |event: WebhookEvent<Refund>, _ctx: JobContext| {
+            let log = log.clone();
+            async move {
+                std::fs::write(&log, format!("started {}\n", event.id)).unwrap();
+                tokio::time::sleep(Duration::from_secs(600)).await;
+                Ok::<_, JobError>(String::new())
+            }
+        })
+        .lease(Duration::from_secs(2))
+        .build()
+        .start();
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    panic!("the child worker should have been killed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_event_leaves_the_event_to_the_next_worker_once() {
+    if let (Ok(schema), Ok(log)) = (std::env::var("REDRIVE_HOOK_SCHEMA"), std::env::var("REDRIVE_HOOK_LOG")) {
+        hang(&schema, Path::new(&log)).await;
+    }
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    let schema = format!("rdt_{}_{nanos:x}_hookkill", std::process::id());
+    let backend = connect(&schema).await;
+    backend.migrate().await.unwrap();
+    let stripe = Stripe::new(SECRET);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app =
+        Router::new().route("/", Inbox::new(backend.clone()).endpoint::<Refund>("refunds", stripe.clone()).unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let body = json!({"id": "evt_kill", "type": "charge.refunded", "data": {"amount": 700}}).to_string();
+    let deliver = || async {
+        let signature = stripe.signature_header(chrono::Utc::now().timestamp(), body.as_bytes());
+        let client = reqwest::Client::new();
+        client.post(&url).header("stripe-signature", signature).body(body.clone()).send().await.unwrap().status()
+    };
+    assert_eq!(deliver().await, reqwest::StatusCode::OK);
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("child.log");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .env("REDRIVE_HOOK_SCHEMA", &schema)
+        .env("REDRIVE_HOOK_LOG", &log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    until("the child to start the event's handler", || log_has(&log, "started evt_kill")).await;
+    child.kill().unwrap(); // SIGKILL: no shutdown, no release; the lease lapses
+    child.wait().unwrap();
+
+    let effects = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&effects);
+    let worker = Worker::builder(backend.clone(), backend.clone())
+        .handle::<WebhookEvent<Refund>>(move |event: WebhookEvent<Refund>, ctx: JobContext| {
+            let seen = Arc::clone(&seen);
+            async move {
+                seen.lock().unwrap().push((event.id, event.event.data["amount"].as_u64(), ctx.attempt));
+                Ok::<_, JobError>("refunded".to_owned())
+            }
+        })
+        .build()
+        .start();
+    until("the event's effect after the kill", || !effects.lock().unwrap().is_empty()).await;
+    assert_eq!(deliver().await, reqwest::StatusCode::OK, "a redelivery after it ran is answered");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let stats = worker.shutdown().await;
+    let effects = effects.lock().unwrap().clone();
+    assert_eq!(effects, vec![("evt_kill".to_owned(), Some(700), 2)], "one effect, on the second attempt");
+    assert_eq!(stats.succeeded, 1);
+    assert!(backend.list(&FailureQuery::open()).await.unwrap().is_empty(), "no failure record");
+}
