@@ -186,3 +186,49 @@ async fn prune_done_keeps_alert_keys_and_purge_takes_them_with_their_records() {
     assert_eq!(backend.purge(Duration::ZERO).await.unwrap(), 1);
     assert!(keys().await.is_empty(), "the purged record's alert and reminder keys are gone");
 }
+
+/// Producers enqueueing at once share transactions (grouped enqueues), but each gets its own
+/// answer: every new key created once, a producer reusing a key with another payload refused
+/// alone, and its neighbours in the same group unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_producers_each_get_their_own_answer() {
+    let backend = common::backend("grouped").await;
+    let mut producers = tokio::task::JoinSet::new();
+    for order in 0..200u32 {
+        let first = backend.clone();
+        producers.spawn(async move { (order, "a", first.enqueue(receipt(order, "a")).await) });
+        // Every tenth order also sent with another payload, and every fifth again as it was.
+        if order % 10 == 0 {
+            let other = backend.clone();
+            producers.spawn(async move { (order, "b", other.enqueue(receipt(order, "b")).await) });
+        }
+        if order % 5 == 0 {
+            let again = backend.clone();
+            producers.spawn(async move { (order, "a", again.enqueue(receipt(order, "a")).await) });
+        }
+    }
+    let mut by_order: std::collections::HashMap<u32, Vec<(&str, redrive_core::Result<Enqueued>)>> = Default::default();
+    while let Some(done) = producers.join_next().await {
+        let (order, note, answer) = done.unwrap();
+        by_order.entry(order).or_default().push((note, answer));
+    }
+    for (order, answers) in &by_order {
+        let created: Vec<&str> =
+            answers.iter().filter(|(_, a)| matches!(a, Ok(Enqueued::Created(_)))).map(|(n, _)| *n).collect();
+        assert_eq!(created.len(), 1, "order {order}: one job created, {answers:?}");
+        for (note, answer) in answers {
+            match answer {
+                Ok(Enqueued::Created(_)) => {}
+                Ok(Enqueued::Duplicate { .. }) => {
+                    assert_eq!(*note, created[0], "order {order}: a duplicate has the payload")
+                }
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::KeyConflict, "order {order}: {e}");
+                    assert_ne!(*note, created[0], "order {order}: only the other payload conflicts");
+                }
+                other => panic!("order {order}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(rows(&backend, "jobs").await, 200, "one job per order");
+}
