@@ -88,6 +88,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// One cell's figure in a round.
+type Cell = fn(&Round) -> f64;
+
 struct Round {
     bare: f64,
     postgres: f64,
@@ -146,7 +149,7 @@ async fn main() -> BoxResult<()> {
     println!("| cell | round 1 | round 2 | round 3 | median | ratio |");
     println!("|---|---:|---:|---:|---:|---:|");
     let base = median(rounds.iter().map(|r| r.bare).collect());
-    let cells: [(&str, fn(&Round) -> f64); 4] = [
+    let cells: [(&str, Cell); 4] = [
         ("bare axum handler answering 200", |r| r.bare),
         ("inbox on PostgreSQL: new events", |r| r.postgres),
         ("inbox on PostgreSQL: the same events again", |r| r.again),
