@@ -1,6 +1,6 @@
-//! A worker process killed (SIGKILL) while it handles a webhook event's job, on Postgres: once
-//! its lease lapses, the next worker runs the event once, and a redelivery of the event after it
-//! is answered without running again.
+//! A worker process killed (SIGKILL) while it handles a webhook event's job, on Postgres and on
+//! SQLite: once its lease lapses, the next worker runs the event once, and a redelivery of the
+//! event after it is answered without running again.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use redrive_core::{DeadLetter, FailureQuery, JobContext, JobError, Worker};
+use redrive_core::kit::{Claim, Ledger};
+use redrive_core::{DeadLetter, Enqueue, FailureQuery, JobContext, JobError, Worker};
 use redrive_http::webhook::{Event, Inbox, Stripe, WebhookEvent};
 use redrive_postgres::{PgBackend, PgConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 const SECRET: &str = "whsec_kill_test";
-const TEST: &str = "a_worker_killed_mid_event_leaves_the_event_to_the_next_worker_once";
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Refund {
@@ -51,10 +51,13 @@ async fn until(what: &str, done: impl Fn() -> bool) {
 }
 
 /// The child: a worker whose handler notes that it started, then hangs until it is killed.
-async fn hang(schema: &str, log: &Path) -> ! {
-    let backend = connect(schema).await;
+async fn hang<Q, L>(queue: Q, ledger: L, log: &Path) -> !
+where
+    Q: Claim + DeadLetter + Clone + 'static,
+    L: Ledger + 'static,
+{
     let log = log.to_owned();
-    let _worker = Worker::builder(backend.clone(), backend)
+    let _worker = Worker::builder(queue, ledger)
         .handle::<WebhookEvent<Refund>>(move |event: WebhookEvent<Refund>, _ctx: JobContext| {
             let log = log.clone();
             async move {
@@ -70,15 +73,12 @@ async fn hang(schema: &str, log: &Path) -> ! {
     panic!("the child worker should have been killed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_killed_mid_event_leaves_the_event_to_the_next_worker_once() {
-    if let (Ok(schema), Ok(log)) = (std::env::var("REDRIVE_HOOK_SCHEMA"), std::env::var("REDRIVE_HOOK_LOG")) {
-        hang(&schema, Path::new(&log)).await;
-    }
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-    let schema = format!("rdt_{}_{nanos:x}_hookkill", std::process::id());
-    let backend = connect(&schema).await;
-    backend.migrate().await.unwrap();
+/// The parent: receives the event, starts this test again as the child (`test`, with `env`),
+/// kills it once its handler runs, then runs the event with a worker of its own.
+async fn kill_mid_event<B>(backend: B, test: &str, env: &[(&str, String)])
+where
+    B: Enqueue + Claim + DeadLetter + Ledger + Clone + Send + Sync + 'static,
+{
     let stripe = Stripe::new(SECRET);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -95,14 +95,12 @@ async fn a_worker_killed_mid_event_leaves_the_event_to_the_next_worker_once() {
 
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("child.log");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
-        .env("REDRIVE_HOOK_SCHEMA", &schema)
-        .env("REDRIVE_HOOK_LOG", &log)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap());
+    child.args([test, "--exact", "--nocapture", "--test-threads=1"]).env("REDRIVE_HOOK_LOG", &log);
+    for (name, value) in env {
+        child.env(name, value);
+    }
+    let mut child = child.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     until("the child to start the event's handler", || log_has(&log, "started evt_kill")).await;
     child.kill().unwrap(); // SIGKILL: no shutdown, no release; the lease lapses
     child.wait().unwrap();
@@ -127,4 +125,36 @@ async fn a_worker_killed_mid_event_leaves_the_event_to_the_next_worker_once() {
     assert_eq!(effects, vec![("evt_kill".to_owned(), Some(700), 2)], "one effect, on the second attempt");
     assert_eq!(stats.succeeded, 1);
     assert!(backend.list(&FailureQuery::open()).await.unwrap().is_empty(), "no failure record");
+}
+
+fn child_log() -> Option<std::path::PathBuf> {
+    std::env::var_os("REDRIVE_HOOK_LOG").map(Into::into)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_event_on_postgres_leaves_the_event_to_the_next_worker_once() {
+    if let (Some(log), Ok(schema)) = (child_log(), std::env::var("REDRIVE_HOOK_SCHEMA")) {
+        let backend = connect(&schema).await;
+        hang(backend.clone(), backend, &log).await;
+    }
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    let schema = format!("rdt_{}_{nanos:x}_hookkill", std::process::id());
+    let backend = connect(&schema).await;
+    backend.migrate().await.unwrap();
+    let test = "a_worker_killed_mid_event_on_postgres_leaves_the_event_to_the_next_worker_once";
+    kill_mid_event(backend, test, &[("REDRIVE_HOOK_SCHEMA", schema.clone())]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_event_on_sqlite_leaves_the_event_to_the_next_worker_once() {
+    let open = |path: &Path| redrive_sqlite::SqliteBackend::open(redrive_sqlite::SqliteConfig::new(path));
+    if let (Some(log), Some(file)) = (child_log(), std::env::var_os("REDRIVE_HOOK_SQLITE")) {
+        let backend = open(Path::new(&file)).await.unwrap();
+        hang(backend.clone(), backend, &log).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("app.db");
+    let backend = open(&file).await.unwrap();
+    let test = "a_worker_killed_mid_event_on_sqlite_leaves_the_event_to_the_next_worker_once";
+    kill_mid_event(backend, test, &[("REDRIVE_HOOK_SQLITE", file.display().to_string())]).await;
 }
