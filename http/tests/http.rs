@@ -1,6 +1,8 @@
 //! The layer in an axum app on a real listener, with reqwest, on PostgreSQL's effect ledger
 //! (and SQLite's and the memory backend's).
 
+mod common;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -18,19 +20,6 @@ use redrive_core::{IdempotencyKey, MemoryBackend, ProviderKey};
 use redrive_http::{Idempotency, IdempotencyScope};
 use redrive_postgres::{PgBackend, PgConfig};
 use serde_json::Value;
-
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
-async fn database() -> PgBackend {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-    let schema = format!("rdt_{}_{}_{nanos:x}_http", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-    let backend = PgBackend::connect(PgConfig::new(url).with_schema(schema).with_max_connections(4))
-        .await
-        .expect("PostgreSQL is required (run scripts/test)");
-    backend.migrate().await.expect("migrate");
-    backend
-}
 
 /// Charges made, as the provider would count them, and the chunks of streamed answers sent.
 #[derive(Default)]
@@ -137,16 +126,12 @@ fn made(charges: &Charges) -> u32 {
 
 /// Waits (10 s at most) until `done` holds.
 async fn until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::until(what, 10, done).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeat_gets_the_first_response_and_the_handler_runs_once() {
-    let (ledger, charges) = (database().await, Arc::new(Charges::default()));
+    let (ledger, charges) = (common::database("http").await, Arc::new(Charges::default()));
     let url = serve(ledger.clone(), Arc::clone(&charges)).await;
 
     let (status, headers, body) = post_charge(&url, Some("k-1"), r#"{"amount":5}"#, "acme").await;
@@ -178,7 +163,7 @@ async fn a_repeat_gets_the_first_response_and_the_handler_runs_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_first_request_is_replayed_as_failed_and_large_bodies_are_not_kept() {
-    let (ledger, charges) = (database().await, Arc::new(Charges::default()));
+    let (ledger, charges) = (common::database("http").await, Arc::new(Charges::default()));
     let url = serve(ledger, Arc::clone(&charges)).await;
     for _ in 0..2 {
         let (status, _, body) = post_charge(&url, Some("declined"), r#"{"amount":-1}"#, "acme").await;
@@ -196,7 +181,7 @@ async fn a_failed_first_request_is_replayed_as_failed_and_large_bodies_are_not_k
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_repeats_on_two_app_instances_sharing_postgres_run_once() {
-    let first = database().await;
+    let first = common::database("http").await;
     let schema = first.schema().to_owned();
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let second = PgBackend::connect(PgConfig::new(url).with_schema(schema).with_max_connections(4)).await.unwrap();
@@ -219,7 +204,7 @@ async fn concurrent_repeats_on_two_app_instances_sharing_postgres_run_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_pruned_after_its_age_is_a_new_request() {
-    let (ledger, charges) = (database().await, Arc::new(Charges::default()));
+    let (ledger, charges) = (common::database("http").await, Arc::new(Charges::default()));
     let url = serve(ledger.clone(), Arc::clone(&charges)).await;
     post_charge(&url, Some("k-old"), r#"{"amount":5}"#, "acme").await;
     post_charge(&url, Some("k-old"), r#"{"amount":5}"#, "acme").await;
@@ -260,7 +245,7 @@ async fn on_sqlite_and_in_memory_too() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_times_out_and_retries_is_charged_once() {
-    let (ledger, charges) = (database().await, Arc::new(Charges::default()));
+    let (ledger, charges) = (common::database("http").await, Arc::new(Charges::default()));
     let url = serve(ledger, Arc::clone(&charges)).await;
     let body = r#"{"amount":5,"slow":true}"#;
 
@@ -429,7 +414,7 @@ async fn a_failed_finish_is_retried_while_the_key_stays_held() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_stays_held_while_a_slow_body_streams() {
-    let (ledger, charges) = (database().await, Arc::new(Charges::default()));
+    let (ledger, charges) = (common::database("http").await, Arc::new(Charges::default()));
     let layer = Idempotency::new(ledger).required().hold(Duration::from_millis(300));
     let url = format!("{}/streamed", serve_with(layer, Arc::clone(&charges)).await);
 

@@ -2,6 +2,8 @@
 //! SQLite: once its lease lapses, the next worker runs the event once, and a redelivery of the
 //! event after it is answered without running again.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -11,7 +13,6 @@ use axum::Router;
 use redrive_core::kit::{Claim, Ledger};
 use redrive_core::{DeadLetter, Enqueue, FailureQuery, JobContext, JobError, Worker};
 use redrive_http::webhook::{Event, Inbox, Stripe, WebhookEvent};
-use redrive_postgres::{PgBackend, PgConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -26,28 +27,8 @@ impl Event for Refund {
     const KIND: &'static str = "stripe_refund";
 }
 
-fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-async fn connect(schema: &str) -> PgBackend {
-    PgBackend::connect(PgConfig::new(database_url()).with_schema(schema).with_max_connections(4))
-        .await
-        .expect("PostgreSQL is required (run scripts/test)")
-}
-
 fn log_has(path: &Path, line: &str) -> bool {
     std::fs::read_to_string(path).is_ok_and(|text| text.lines().any(|l| l == line))
-}
-
-async fn until(what: &str, done: impl Fn() -> bool) {
-    for _ in 0..600 {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 /// The child: a worker whose handler notes that it started, then hangs until it is killed.
@@ -101,7 +82,7 @@ where
         child.env(name, value);
     }
     let mut child = child.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-    until("the child to start the event's handler", || log_has(&log, "started evt_kill")).await;
+    common::until("the child to start the event's handler", 30, || log_has(&log, "started evt_kill")).await;
     child.kill().unwrap(); // SIGKILL: no shutdown, no release; the lease lapses
     child.wait().unwrap();
 
@@ -117,7 +98,7 @@ where
         })
         .build()
         .start();
-    until("the event's effect after the kill", || !effects.lock().unwrap().is_empty()).await;
+    common::until("the event's effect after the kill", 30, || !effects.lock().unwrap().is_empty()).await;
     assert_eq!(deliver().await, reqwest::StatusCode::OK, "a redelivery after it ran is answered");
     tokio::time::sleep(Duration::from_millis(700)).await;
     let stats = worker.shutdown().await;
@@ -134,12 +115,11 @@ fn child_log() -> Option<std::path::PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_event_on_postgres_leaves_the_event_to_the_next_worker_once() {
     if let (Some(log), Ok(schema)) = (child_log(), std::env::var("REDRIVE_HOOK_SCHEMA")) {
-        let backend = connect(&schema).await;
+        let backend = common::connect(&schema).await;
         hang(backend.clone(), backend, &log).await;
     }
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-    let schema = format!("rdt_{}_{nanos:x}_hookkill", std::process::id());
-    let backend = connect(&schema).await;
+    let schema = common::unique_schema("hookkill");
+    let backend = common::connect(&schema).await;
     backend.migrate().await.unwrap();
     let test = "a_worker_killed_mid_event_on_postgres_leaves_the_event_to_the_next_worker_once";
     kill_mid_event(backend, test, &[("REDRIVE_HOOK_SCHEMA", schema.clone())]).await;

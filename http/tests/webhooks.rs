@@ -5,6 +5,8 @@
 //! runs once on memory, Postgres and SQLite; the same id with another body is refused and the
 //! first kept.
 
+mod common;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -15,7 +17,6 @@ use axum::Router;
 use redrive_core::kit::{Claim, Ledger};
 use redrive_core::{DeadLetter, JobContext, JobError, MemoryBackend, QueueStats, Worker};
 use redrive_http::webhook::{Event, GitHub, Inbox, StandardWebhooks, Stripe, WebhookEvent};
-use redrive_postgres::{PgBackend, PgConfig};
 use reqwest::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -217,26 +218,7 @@ impl Effects {
 }
 
 async fn until(what: &str, done: impl Fn() -> bool) {
-    for _ in 0..400 {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
-async fn postgres() -> PgBackend {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-    let schema = format!("rdt_{}_{}_{nanos:x}_hook", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-    let backend = PgBackend::connect(PgConfig::new(url).with_schema(schema).with_max_connections(4))
-        .await
-        .expect("PostgreSQL is required (run scripts/test)");
-    backend.migrate().await.expect("migrate");
-    backend
+    common::until(what, 10, done).await;
 }
 
 /// One event delivered twice at the same instant, over a real listener, on `queue`: both
@@ -292,7 +274,7 @@ async fn one_event_delivered_twice_at_once_runs_once_in_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_event_delivered_twice_at_once_runs_once_on_postgres() {
-    let postgres = postgres().await;
+    let postgres = common::database("hook").await;
     twice_at_once(postgres.clone(), postgres).await;
 }
 
