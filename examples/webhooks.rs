@@ -81,7 +81,7 @@ async fn wait_until(what: &str, done: impl Fn() -> bool) {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let queue = MemoryBackend::new();
-    let stripe = Stripe::new("whsec_example_endpoint_secret");
+    let stripe = Stripe::new("whsec_example_endpoint_secret")?;
     let inbox = Inbox::new(queue.clone());
     let app = Router::new().route("/webhooks/stripe", inbox.endpoint::<CheckoutCompleted>("shop", stripe.clone())?);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -116,7 +116,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("   orders shipped: {:?}   (worker: {} succeeded)", warehouse.shipped.lock().unwrap(), stats.succeeded);
 
     println!("\n== 2. a forged signature, and a delivery replayed ten minutes later");
-    let forged = deliver(event("evt_1002", 1002, 1), now(), Stripe::new("whsec_guessed")).await?;
+    let forged = deliver(event("evt_1002", 1002, 1), now(), Stripe::new("whsec_guessed")?).await?;
     let late = deliver(event("evt_1003", 1003, 1), now() - 600, stripe.clone()).await?;
     println!("   forged: {forged}   ten minutes old: {late}   jobs queued: {}", queue.counts().await?.queued);
 

@@ -37,7 +37,7 @@ async fn serve(app: Router) -> BoxResult<String> {
 
 /// `n` events named `prefix-i`, each with its `Stripe-Signature`.
 fn signed(prefix: &str, n: usize) -> Vec<(String, String)> {
-    let stripe = Stripe::new(SECRET);
+    let stripe = Stripe::new(SECRET).expect("a secret");
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
     (0..n)
         .map(|i| {
@@ -108,12 +108,12 @@ async fn main() -> BoxResult<()> {
     let bare = serve(Router::new().route("/hook", post(|_body: Bytes| async { "{}" }))).await?;
     let on_pg = serve(
         Router::new()
-            .route("/hook", Inbox::new(pg.clone()).endpoint::<serde_json::Value>("bench", Stripe::new(SECRET))?),
+            .route("/hook", Inbox::new(pg.clone()).endpoint::<serde_json::Value>("bench", Stripe::new(SECRET)?)?),
     )
     .await?;
     let memory = redrive_core::MemoryBackend::new();
     let in_memory = serve(
-        Router::new().route("/hook", Inbox::new(memory).endpoint::<serde_json::Value>("bench", Stripe::new(SECRET))?),
+        Router::new().route("/hook", Inbox::new(memory).endpoint::<serde_json::Value>("bench", Stripe::new(SECRET)?)?),
     )
     .await?;
     let client = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS).build()?;

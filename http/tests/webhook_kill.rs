@@ -60,7 +60,7 @@ async fn kill_mid_event<B>(backend: B, test: &str, env: &[(&str, String)])
 where
     B: Enqueue + Claim + DeadLetter + Ledger + Clone + Send + Sync + 'static,
 {
-    let stripe = Stripe::new(SECRET);
+    let stripe = Stripe::new(SECRET).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app =
@@ -89,10 +89,12 @@ where
     let effects = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&effects);
     let worker = Worker::builder(backend.clone(), backend.clone())
-        .handle::<WebhookEvent<Refund>>(move |event: WebhookEvent<Refund>, ctx: JobContext| {
+        // The attempt is 2, or 1 where the kill came before the handler's start was written
+        // (SQLite gives back a claim whose handler never started): not asserted.
+        .handle::<WebhookEvent<Refund>>(move |event: WebhookEvent<Refund>, _ctx: JobContext| {
             let seen = Arc::clone(&seen);
             async move {
-                seen.lock().unwrap().push((event.id, event.event.data["amount"].as_u64(), ctx.attempt));
+                seen.lock().unwrap().push((event.id, event.event.data["amount"].as_u64()));
                 Ok::<_, JobError>("refunded".to_owned())
             }
         })
@@ -103,7 +105,7 @@ where
     tokio::time::sleep(Duration::from_millis(700)).await;
     let stats = worker.shutdown().await;
     let effects = effects.lock().unwrap().clone();
-    assert_eq!(effects, vec![("evt_kill".to_owned(), Some(700), 2)], "one effect, on the second attempt");
+    assert_eq!(effects, vec![("evt_kill".to_owned(), Some(700))], "one effect, after the kill");
     assert_eq!(stats.succeeded, 1);
     assert!(backend.list(&FailureQuery::open()).await.unwrap().is_empty(), "no failure record");
 }

@@ -1,11 +1,14 @@
 //! GitHub: `X-Hub-Signature-256: sha256=<hex>`, the HMAC-SHA256 of the raw body under the
-//! webhook's secret; the delivery's GUID in `X-GitHub-Delivery` (kept by a redelivery), the
-//! event in `X-GitHub-Event`. GitHub signs no timestamp, so there is no window: a captured
-//! delivery sent again is a duplicate of its GUID, answered and not run again.
+//! webhook's secret; the delivery's GUID in `X-GitHub-Delivery`, the event in `X-GitHub-Event`.
+//! Neither header is signed, and GitHub signs no timestamp: a captured delivery can be resent
+//! under a fresh GUID at any time. So the event's identity is the body's SHA-256: a resend, or
+//! GitHub's own redelivery, is a duplicate of the first; the GUID is kept for logs.
 
 use axum::http::HeaderMap;
+use redrive_core::Result;
+use sha2::{Digest, Sha256};
 
-use super::verify::{Delivery, Provider, Refused, event_id, header, matches, sign};
+use super::verify::{Delivery, Provider, Refused, check_secret, header, sign, signed_by_any};
 
 /// GitHub's webhook signatures, checked with the webhook's secrets.
 #[derive(Clone)]
@@ -14,15 +17,17 @@ pub struct GitHub {
 }
 
 impl GitHub {
-    /// Checks against the webhook's `secret`.
-    pub fn new(secret: impl Into<String>) -> Self {
-        Self { secrets: vec![secret.into()] }
+    /// Checks against the webhook's `secret`. An empty secret is refused (`Config`).
+    pub fn new(secret: impl Into<String>) -> Result<Self> {
+        Self { secrets: Vec::new() }.also(secret)
     }
 
     /// Accepts signatures made with `secret` too, while you change the webhook's secret.
-    pub fn also(mut self, secret: impl Into<String>) -> Self {
-        self.secrets.push(secret.into());
-        self
+    pub fn also(mut self, secret: impl Into<String>) -> Result<Self> {
+        let secret = secret.into();
+        check_secret(secret.as_bytes(), "GitHub")?;
+        self.secrets.push(secret);
+        Ok(self)
     }
 
     /// The `X-Hub-Signature-256` value GitHub would send for `body`, under the first secret.
@@ -48,11 +53,15 @@ impl Provider for GitHub {
             .strip_prefix("sha256=")
             .and_then(|h| hex::decode(h).ok())
             .ok_or_else(|| Refused::Malformed("X-Hub-Signature-256 is not sha256=<hex>".into()))?;
-        if !self.secrets.iter().any(|secret| matches(secret.as_bytes(), &[body], &signature)) {
+        let keys: Vec<&[u8]> = self.secrets.iter().map(|s| s.as_bytes()).collect();
+        if !signed_by_any(&keys, &[body], &[signature])? {
             return Err(Refused::BadSignature);
         }
-        let id = event_id(header(headers, "x-github-delivery")?, "X-GitHub-Delivery")?;
-        let event_type = headers.get("x-github-event").and_then(|v| v.to_str().ok()).map(str::to_owned);
-        Ok(Delivery { id, event_type })
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        Ok(Delivery {
+            id: hex::encode(Sha256::digest(body)),
+            delivery: text("x-github-delivery"),
+            event_type: text("x-github-event"),
+        })
     }
 }

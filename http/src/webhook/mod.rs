@@ -22,8 +22,8 @@
 //!
 //! let inbox = Inbox::new(queue);
 //! let app: Router = Router::new()
-//!     .route("/webhooks/stripe", inbox.endpoint::<Billing>("billing", Stripe::new("whsec_…"))?)
-//!     .route("/webhooks/github", inbox.endpoint::<serde_json::Value>("ci", GitHub::new("…"))?);
+//!     .route("/webhooks/stripe", inbox.endpoint::<Billing>("billing", Stripe::new("whsec_…")?)?)
+//!     .route("/webhooks/github", inbox.endpoint::<serde_json::Value>("ci", GitHub::new("…")?)?);
 //! // A worker runs them: `.handle::<WebhookEvent<Billing>>(|event, ctx| …)`.
 //! # Ok(()) }
 //! ```
@@ -39,14 +39,15 @@
 //!   idempotency key the provider, the endpoint and the event id. The enqueue is the store: one
 //!   transaction on Postgres, SQLite and pgmq, the job row or message holding the event. Then
 //!   `200` at once; the work runs in a worker, with the cap, the failure record, the alert and
-//!   the replay.
+//!   the replay. GitHub signs only the body, so its event's identity is the body's SHA-256
+//!   ([`GitHub`]).
 //! - The same event delivered again, or twice at the same instant, gets `200` and enqueues
 //!   nothing (the key's unique constraint; on brokers with a dedupe window, the effect ledger
 //!   keeps the effect to one). Its event's job failed for good: `200` too, the record holds it.
 //! - The same event id with another body gets `409 Conflict` and is logged as an error: the
 //!   first body is kept, the second is not silently dropped.
-//! - A body that is not JSON gets `400`; one the queue cannot carry `413`; a queue that is down
-//!   `503`, and the provider delivers it again later.
+//! - A body that is not JSON gets `400`; one over [`Inbox::max_body`] (2 MiB) or larger than the
+//!   queue carries `413`; a queue that is down `503`, and the provider delivers it again later.
 //! - Logs name the provider, endpoint, event id and job, never the body or a secret.
 
 mod github;
@@ -54,11 +55,12 @@ mod standard;
 mod stripe;
 mod verify;
 
+use std::collections::HashSet;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
@@ -96,9 +98,10 @@ pub struct WebhookEvent<E> {
     pub provider: String,
     /// The endpoint's name, as mounted.
     pub endpoint: String,
-    /// The provider's event id: the idempotency key's fact.
+    /// The event's signed identity, the idempotency key's fact ([`Delivery::id`]): Stripe's
+    /// event id, Standard Webhooks' message id, the body's SHA-256 for GitHub.
     pub id: String,
-    /// The event type, where the provider names one.
+    /// The event type, where the provider names one (GitHub's is not signed).
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub event_type: Option<String>,
     /// The event, decoded as the app's type by the worker.
@@ -121,30 +124,48 @@ fn event_key(key: KeyBuilder, provider: &str, endpoint: &str, id: &str) -> KeyBu
 }
 
 /// Mounts webhook endpoints that enqueue on `queue` (any backend: exact dedupe where it has it).
+/// Clones share the endpoints' names.
 #[derive(Debug, Clone)]
 pub struct Inbox<Q> {
     queue: Q,
+    names: Arc<Mutex<HashSet<String>>>,
+    max_body: usize,
 }
 
 impl<Q: Enqueue + Clone + Send + Sync + 'static> Inbox<Q> {
-    /// An inbox on `queue`.
+    /// An inbox on `queue`, taking bodies of up to 2 MiB.
     pub fn new(queue: Q) -> Self {
-        Self { queue }
+        Self { queue, names: Arc::default(), max_body: 2 << 20 }
+    }
+
+    /// The largest body an endpoint reads (2 MiB by default), answered `413` past it before it
+    /// is verified. Raise it for GitHub, whose payloads reach 25 MB; a backend's own limit
+    /// (SQS: 256 KiB) still refuses a larger event, with `413` and an error logged.
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.max_body = bytes;
+        self
     }
 
     /// A `POST` route for endpoint `name` (`[A-Za-z0-9_.-]{1,64}`, part of each event's key)
     /// whose deliveries `provider` checks, each enqueued as a job of `E::KIND`. Mount it with
-    /// `Router::route`.
+    /// `Router::route`. A name already mounted on this inbox is refused (`InvalidInput`): two
+    /// endpoints under one name would share their events' keys.
     pub fn endpoint<E: Event>(&self, name: &str, provider: impl Provider) -> Result<MethodRouter> {
         redrive_core::key::check_name("webhook endpoint", name)?;
         redrive_core::key::check_name("job kind", E::KIND)?;
+        if !self.names.lock().expect("the names' lock is never poisoned").insert(name.to_owned()) {
+            return Err(redrive_core::Error::new(
+                ErrorKind::InvalidInput,
+                format!("the webhook endpoint `{name}` is mounted already"),
+            ));
+        }
         let endpoint = Endpoint {
             queue: self.queue.clone(),
             name: name.to_owned(),
             provider: Box::new(provider),
             event: PhantomData::<fn() -> E>,
         };
-        Ok(post(receive::<Q, E>).with_state(Arc::new(endpoint)))
+        Ok(post(receive::<Q, E>).with_state(Arc::new(endpoint)).layer(DefaultBodyLimit::max(self.max_body)))
     }
 }
 
@@ -159,7 +180,8 @@ impl<Q, E: Event> Endpoint<Q, E> {
     /// The job of a verified delivery: its payload is a [`WebhookEvent`] of the body's JSON, so
     /// that a body the app's type does not decode is still kept, as the failure record of its
     /// job (amend and replay it).
-    fn job(&self, delivery: &Delivery, event: Value) -> Result<NewJob> {
+    fn job(&self, delivery: &Delivery, mut event: Value) -> Result<NewJob> {
+        self.provider.settle(&mut event);
         let provider = self.provider.name();
         let key = event_key(IdempotencyKey::builder(E::KIND), provider, &self.name, &delivery.id).build()?;
         let payload = WebhookEvent {
@@ -197,6 +219,7 @@ async fn receive<Q: Enqueue, E: Event>(
         }
     };
     let event = delivery.id.as_str();
+    let guid = delivery.delivery.as_deref();
     let Ok(json) = serde_json::from_slice::<Value>(&body) else {
         warn!(provider, endpoint = name, event, "webhook delivery refused: its body is not JSON");
         return answer(StatusCode::BAD_REQUEST, json!({ "error": "the body is not JSON" }));
@@ -207,11 +230,11 @@ async fn receive<Q: Enqueue, E: Event>(
     };
     match enqueued {
         Ok(Enqueued::Created(job)) => {
-            info!(provider, endpoint = name, event, job = %job, kind = E::KIND, "webhook event received");
+            info!(provider, endpoint = name, event, guid, job = %job, kind = E::KIND, "webhook event received");
             answer(StatusCode::OK, json!({ "received": event }))
         }
         Ok(Enqueued::Duplicate { id: job, .. } | Enqueued::Failed { id: job }) => {
-            info!(provider, endpoint = name, event, job = %job, "webhook event delivered again: nothing enqueued");
+            info!(provider, endpoint = name, event, guid, job = %job, "webhook event delivered again: nothing enqueued");
             answer(StatusCode::OK, json!({ "received": event, "duplicate": true }))
         }
         Err(e) if e.kind() == ErrorKind::KeyConflict => {
@@ -256,13 +279,16 @@ mod tests {
     // and a header stripe-node's generateTestHeaderString made.
     #[test]
     fn the_providers_examples_verify() {
-        let github = GitHub::new("It's a Secret to Everybody");
+        let github = GitHub::new("It's a Secret to Everybody").unwrap();
         let signature = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
         assert_eq!(github.signature_header(b"Hello, World!"), signature);
         let h =
             headers(&[("x-hub-signature-256", signature), ("x-github-delivery", "d-1"), ("x-github-event", "ping")]);
         let delivery = github.verify(&h, b"Hello, World!", 0).unwrap();
-        assert_eq!(delivery, Delivery { id: "d-1".into(), event_type: Some("ping".into()) });
+        let body_sha256 = "dffd6021bb2bd5b0af676290809ec3a53191dd81c7f70a4b28688a362182986f";
+        let expected =
+            Delivery { id: body_sha256.into(), delivery: Some("d-1".into()), event_type: Some("ping".into()) };
+        assert_eq!(delivery, expected, "the id is the signed body's SHA-256, not the unsigned GUID");
 
         let standard = StandardWebhooks::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
         let (id, t, body) = ("msg_p5jXN8AQM9LWM0D4loKWxJek", 1_614_265_330, br#"{"test": 2432232314}"#);
@@ -272,13 +298,18 @@ mod tests {
         assert_eq!(standard.verify(&h, body, t + 10).unwrap().id, id);
         assert_eq!(standard.verify(&h, body, t + 301), Err(Refused::OutsideWindow { age: 301 }));
         assert_eq!(standard.verify(&h, body, t - 301), Err(Refused::OutsideWindow { age: -301 }));
+        assert!(standard.verify(&h, body, t + 300).is_ok(), "the window's edge is inside");
+        // Svix's senders (Resend, Clerk) name the headers svix-*.
+        let h = headers(&[("svix-id", id), ("svix-timestamp", "1614265330"), ("svix-signature", signature)]);
+        assert_eq!(standard.verify(&h, body, t).unwrap().id, id);
 
-        let stripe = Stripe::new("whsec_test_secret");
+        let stripe = Stripe::new("whsec_test_secret").unwrap();
         let body = br#"{"id":"evt_test_123","object":"event","type":"payment_intent.succeeded"}"#;
         let signature = "t=1700000000,v1=a664e91ef71ff03e5f143b0ecc9af428db3fbc0a905d1fa93288032c8cdd37a5";
         assert_eq!(stripe.signature_header(1_700_000_000, body), signature);
         // Test mode adds a v0 that is not checked; a signature that is not hex matches nothing.
-        let h = headers(&[("stripe-signature", &format!("{signature},v0=deadbeef,v1=zz"))]);
+        // Empty elements are skipped, as Stripe's libraries do.
+        let h = headers(&[("stripe-signature", &format!("{signature},v0=deadbeef,v1=zz,"))]);
         let delivery = stripe.verify(&h, body, 1_700_000_100).unwrap();
         assert_eq!(delivery.id, "evt_test_123");
         assert_eq!(delivery.event_type.as_deref(), Some("payment_intent.succeeded"));
@@ -286,7 +317,7 @@ mod tests {
 
     #[test]
     fn malformed_headers_are_refused_as_such() {
-        let stripe = Stripe::new("whsec_x");
+        let stripe = Stripe::new("whsec_x").unwrap();
         let refused = |value: &str| stripe.verify(&headers(&[("stripe-signature", value)]), b"{}", 0).unwrap_err();
         assert!(matches!(refused("v1=00"), Refused::Malformed(_)), "no timestamp");
         assert!(matches!(refused("t=1,t=2,v1=00"), Refused::Malformed(_)), "two timestamps");
@@ -295,6 +326,28 @@ mod tests {
         assert_eq!(Refused::BadSignature.status(), StatusCode::UNAUTHORIZED);
         assert_eq!(Refused::MissingHeader("stripe-signature").status(), StatusCode::BAD_REQUEST);
         assert!(StandardWebhooks::new("whsec_not base64!").is_err());
+        // A sender listing many signatures to make each request cost many MACs.
+        let many = format!("t=0{}", ",v1=".repeat(10_000));
+        assert!(matches!(refused(&many), Refused::Malformed(_)), "too many signatures");
+    }
+
+    #[test]
+    fn an_empty_secret_is_refused() {
+        for refused in [
+            Stripe::new("").map(drop),
+            Stripe::new("whsec_x").and_then(|s| s.also("")).map(drop),
+            GitHub::new("").map(drop),
+            StandardWebhooks::new("whsec_").map(drop),
+        ] {
+            assert_eq!(refused.unwrap_err().kind(), ErrorKind::Config);
+        }
+    }
+
+    #[test]
+    fn stripe_s_pending_webhooks_count_is_not_part_of_the_stored_event() {
+        let mut event = json!({"id": "evt_1", "pending_webhooks": 2, "data": {}});
+        Stripe::new("whsec_x").unwrap().settle(&mut event);
+        assert_eq!(event, json!({"id": "evt_1", "data": {}}));
     }
 
     #[derive(Serialize, Deserialize)]
@@ -304,17 +357,18 @@ mod tests {
         const KIND: &'static str = "ping";
     }
 
-    /// The key the inbox enqueues under is the one the job type computes, so a job enqueued by
-    /// the app itself for an event (`NewJob::from_job`) dedupes with the delivered one.
+    /// The key the inbox enqueues under is the one the job type computes: a job the app enqueues
+    /// itself for an event (`NewJob::from_job`) has the delivered one's key (a duplicate of it
+    /// where its payload serializes to the same JSON, a key conflict otherwise).
     #[test]
     fn the_inbox_s_key_is_the_event_job_s_key() {
         let endpoint = Endpoint {
             queue: (),
             name: "pings".into(),
-            provider: Box::new(GitHub::new("s")),
+            provider: Box::new(GitHub::new("s").unwrap()),
             event: PhantomData::<fn() -> Ping>,
         };
-        let delivery = Delivery { id: "d 1/é".into(), event_type: None };
+        let delivery = Delivery { id: "d 1/é".into(), delivery: None, event_type: None };
         let job = endpoint.job(&delivery, Value::Null).unwrap();
         let event = WebhookEvent {
             provider: "github".into(),

@@ -1,7 +1,8 @@
 //! Standard Webhooks (Svix, Resend, Clerk, OpenAI and others): `webhook-id`, `webhook-timestamp`
 //! and `webhook-signature`, a space-separated list of `v1,<base64>`, each the HMAC-SHA256 of
-//! `"<id>.<timestamp>.<raw body>"` under a secret that is `whsec_` and base64. Asymmetric
-//! signatures (`v1a`) are not checked: a delivery needs one `v1` that matches.
+//! `"<id>.<timestamp>.<raw body>"` under a secret that is `whsec_` and base64. Svix's senders
+//! (Resend, Clerk) name the same headers `svix-id`, `svix-timestamp` and `svix-signature`: either
+//! is read. Asymmetric signatures (`v1a`) are not checked: a delivery needs one `v1` that matches.
 
 use std::time::Duration;
 
@@ -10,7 +11,9 @@ use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use redrive_core::{Error, ErrorKind, Result};
 
-use super::verify::{Delivery, Provider, Refused, event_id, header, matches, named, sign, within};
+use super::verify::{
+    Delivery, Provider, Refused, check_secret, event_id, header_or, named, sign, signed_by_any, within,
+};
 
 /// Standard Webhooks signatures, checked with an endpoint's secrets.
 #[derive(Clone)]
@@ -21,9 +24,11 @@ pub struct StandardWebhooks {
 
 fn key(secret: &str) -> Result<Vec<u8>> {
     let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
-    STANDARD.decode(encoded).or_else(|_| STANDARD_NO_PAD.decode(encoded)).map_err(|_| {
+    let key = STANDARD.decode(encoded).or_else(|_| STANDARD_NO_PAD.decode(encoded)).map_err(|_| {
         Error::new(ErrorKind::Config, "a Standard Webhooks secret is `whsec_` and base64; this one does not decode")
-    })
+    })?;
+    check_secret(&key, "Standard Webhooks")?;
+    Ok(key)
 }
 
 impl StandardWebhooks {
@@ -52,10 +57,7 @@ impl StandardWebhooks {
         let signatures: Vec<String> = self
             .keys
             .iter()
-            .map(|k| {
-                let mac = sign(k, &[id.as_bytes(), b".", t.as_bytes(), b".", body]);
-                format!("v1,{}", STANDARD.encode(mac))
-            })
+            .map(|k| format!("v1,{}", STANDARD.encode(sign(k, &[id.as_bytes(), b".", t.as_bytes(), b".", body]))))
             .collect();
         signatures.join(" ")
     }
@@ -73,20 +75,20 @@ impl Provider for StandardWebhooks {
     }
 
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<Delivery, Refused> {
-        let id = header(headers, "webhook-id")?;
-        let t = header(headers, "webhook-timestamp")?;
+        let id = header_or(headers, "webhook-id", Some("svix-id"))?;
+        let t = header_or(headers, "webhook-timestamp", Some("svix-timestamp"))?;
         let seconds: i64 = t.parse().map_err(|_| Refused::Malformed("webhook-timestamp is not a number".into()))?;
-        let signatures: Vec<Vec<u8>> = header(headers, "webhook-signature")?
+        let signatures: Vec<Vec<u8>> = header_or(headers, "webhook-signature", Some("svix-signature"))?
             .split(' ')
             .filter_map(|s| s.strip_prefix("v1,"))
             .filter_map(|s| STANDARD.decode(s).ok())
             .collect();
-        let parts: [&[u8]; 5] = [id.as_bytes(), b".", t.as_bytes(), b".", body];
-        if !self.keys.iter().any(|k| signatures.iter().any(|s| matches(k, &parts, s))) {
+        let keys: Vec<&[u8]> = self.keys.iter().map(Vec::as_slice).collect();
+        if !signed_by_any(&keys, &[id.as_bytes(), b".", t.as_bytes(), b".", body], &signatures)? {
             return Err(Refused::BadSignature);
         }
         within(seconds, now, self.window)?;
         let event_type = named(body).ok().and_then(|n| n.event_type);
-        Ok(Delivery { id: event_id(id, "webhook-id")?, event_type })
+        Ok(Delivery { id: event_id(id, "webhook-id")?, delivery: None, event_type })
     }
 }

@@ -5,8 +5,10 @@
 use std::time::Duration;
 
 use axum::http::HeaderMap;
+use redrive_core::Result;
+use serde_json::Value;
 
-use super::verify::{Delivery, Provider, Refused, event_id, header, matches, named, sign, within};
+use super::verify::{Delivery, Provider, Refused, check_secret, event_id, header, named, sign, signed_by_any, within};
 
 /// Stripe's webhook signatures, checked with an endpoint's signing secrets.
 #[derive(Clone)]
@@ -17,15 +19,17 @@ pub struct Stripe {
 
 impl Stripe {
     /// Checks against `secret` (`whsec_…`, the endpoint's signing secret), with Stripe's
-    /// five-minute window on the signed timestamp.
-    pub fn new(secret: impl Into<String>) -> Self {
-        Self { secrets: vec![secret.into()], window: Duration::from_secs(300) }
+    /// five-minute window on the signed timestamp. An empty secret is refused (`Config`).
+    pub fn new(secret: impl Into<String>) -> Result<Self> {
+        Self { secrets: Vec::new(), window: Duration::from_secs(300) }.also(secret)
     }
 
     /// Accepts signatures made with `secret` too: the old and the new secret while you roll it.
-    pub fn also(mut self, secret: impl Into<String>) -> Self {
-        self.secrets.push(secret.into());
-        self
+    pub fn also(mut self, secret: impl Into<String>) -> Result<Self> {
+        let secret = secret.into();
+        check_secret(secret.as_bytes(), "Stripe")?;
+        self.secrets.push(secret);
+        Ok(self)
     }
 
     /// How far the signed timestamp may be from now, either way (five minutes by default):
@@ -41,9 +45,8 @@ impl Stripe {
         let t = timestamp.to_string();
         let mut value = format!("t={t}");
         for secret in &self.secrets {
-            let mac = sign(secret.as_bytes(), &[t.as_bytes(), b".", body]);
             value.push_str(",v1=");
-            value.push_str(&hex::encode(mac));
+            value.push_str(&hex::encode(sign(secret.as_bytes(), &[t.as_bytes(), b".", body])));
         }
         value
     }
@@ -64,8 +67,9 @@ impl Provider for Stripe {
         let value = header(headers, "stripe-signature")?;
         let mut timestamp = None;
         let mut signatures = Vec::new();
-        for pair in value.split(',') {
-            let Some((name, item)) = pair.trim().split_once('=') else {
+        // Empty elements are skipped, as Stripe's own libraries do.
+        for pair in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((name, item)) = pair.split_once('=') else {
                 return Err(Refused::Malformed("Stripe-Signature is not a list of key=value pairs".into()));
             };
             match name {
@@ -79,13 +83,21 @@ impl Provider for Stripe {
         let t = timestamp.ok_or_else(|| Refused::Malformed("Stripe-Signature has no timestamp".into()))?;
         let seconds: i64 =
             t.parse().map_err(|_| Refused::Malformed("Stripe-Signature's timestamp is not a number".into()))?;
-        let signed = |key: &String| signatures.iter().any(|s| matches(key.as_bytes(), &[t.as_bytes(), b".", body], s));
-        if !self.secrets.iter().any(signed) {
+        let keys: Vec<&[u8]> = self.secrets.iter().map(|s| s.as_bytes()).collect();
+        if !signed_by_any(&keys, &[t.as_bytes(), b".", body], &signatures)? {
             return Err(Refused::BadSignature);
         }
         within(seconds, now, self.window)?;
         let event = named(body)?;
         let id = event.id.ok_or_else(|| Refused::Malformed("the event has no id".into()))?;
-        Ok(Delivery { id: event_id(&id, "the event's id")?, event_type: event.event_type })
+        Ok(Delivery { id: event_id(&id, "the event's id")?, delivery: None, event_type: event.event_type })
+    }
+
+    /// `pending_webhooks` counts the endpoints still waiting for the event: it changes between
+    /// Stripe's retries of one event.
+    fn settle(&self, event: &mut Value) {
+        if let Some(event) = event.as_object_mut() {
+            event.remove("pending_webhooks");
+        }
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, StatusCode};
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
+use subtle::ConstantTimeEq;
 
 /// A provider's signature scheme: checks a delivery on its raw bytes, before anything parses
 /// them, and names the event it carries.
@@ -17,15 +18,26 @@ pub trait Provider: Send + Sync + 'static {
     /// Checks the signature in `headers` over `body` and, where the scheme signs a timestamp,
     /// that it is within the window of `now` (Unix seconds); then the event's id and type.
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<Delivery, Refused>;
+
+    /// Removes from a verified event what the provider changes between deliveries of the same
+    /// event (Stripe's `pending_webhooks`), so that a redelivery is a duplicate of the first,
+    /// not another body under its id. Nothing by default.
+    fn settle(&self, _event: &mut serde_json::Value) {}
 }
 
-/// A delivery whose signature checked: the provider's event id (the idempotency key's fact)
-/// and the event type, where the provider names one.
+/// A delivery whose signature checked: the event's signed identity (the idempotency key's
+/// fact) and what else the provider says of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
-    /// Stripe's event `id`, GitHub's `X-GitHub-Delivery`, Standard Webhooks' `webhook-id`.
+    /// The event's identity, covered by the signature: Stripe's event `id`, Standard Webhooks'
+    /// `webhook-id`; for GitHub, which signs only the body, the body's SHA-256 (hex), so that a
+    /// captured delivery resent under a fresh `X-GitHub-Delivery` is still the same event.
     pub id: String,
-    /// Stripe's `type`, GitHub's `X-GitHub-Event`, the `type` of a Standard Webhooks payload.
+    /// GitHub's `X-GitHub-Delivery`, not signed: logged, and not stored, so that a resend under
+    /// a fresh GUID is the same job.
+    pub delivery: Option<String>,
+    /// Stripe's `type`, GitHub's `X-GitHub-Event` (not signed), the `type` of a Standard
+    /// Webhooks payload.
     pub event_type: Option<String>,
 }
 
@@ -73,28 +85,56 @@ impl fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
-/// HMAC-SHA256 of `parts`, in order, under `key`.
-fn hmac(key: &[u8], parts: &[&[u8]]) -> Hmac<Sha256> {
+/// The most signatures one delivery may carry: a roll has two or three; more is an attempt to
+/// make each request cost many comparisons.
+const MAX_SIGNATURES: usize = 8;
+
+/// The HMAC-SHA256 of `parts`, in order, under `key`.
+pub(super) fn sign(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
     let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
     for part in parts {
         mac.update(part);
     }
-    mac
+    mac.finalize().into_bytes().to_vec()
 }
 
-/// The HMAC-SHA256 of `parts` under `key`: a signature, for senders and tests.
-pub(super) fn sign(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-    hmac(key, parts).finalize().into_bytes().to_vec()
+/// Whether any of `signatures` is the HMAC of `parts` under any of `keys`. Each key's MAC is
+/// computed once (however many signatures a sender lists), and compared in constant time.
+pub(super) fn signed_by_any(keys: &[&[u8]], parts: &[&[u8]], signatures: &[Vec<u8>]) -> Result<bool, Refused> {
+    if signatures.len() > MAX_SIGNATURES {
+        return Err(Refused::Malformed(format!("more than {MAX_SIGNATURES} signatures")));
+    }
+    Ok(keys.iter().any(|key| {
+        let mac = sign(key, parts);
+        signatures.iter().any(|s| bool::from(mac.as_slice().ct_eq(s.as_slice())))
+    }))
 }
 
-/// Whether `signature` is the HMAC of `parts` under `key`, compared in constant time.
-pub(super) fn matches(key: &[u8], parts: &[&[u8]], signature: &[u8]) -> bool {
-    hmac(key, parts).verify_slice(signature).is_ok()
+/// Refuses an empty secret: a delivery signed under an empty key proves nothing, and an unset
+/// variable read as "" would otherwise accept anyone's.
+pub(super) fn check_secret(key: &[u8], provider: &str) -> redrive_core::Result<()> {
+    if key.is_empty() {
+        return Err(redrive_core::Error::new(
+            redrive_core::ErrorKind::Config,
+            format!("a {provider} webhook secret is empty: set the endpoint's signing secret"),
+        ));
+    }
+    Ok(())
 }
 
 /// The header's value as text, or the refusal that names it.
 pub(super) fn header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a str, Refused> {
-    let value = headers.get(name).ok_or(Refused::MissingHeader(name))?;
+    header_or(headers, name, None)
+}
+
+/// [`header`], falling back to `alias` when `name` is not there (Svix's `svix-*` names for
+/// Standard Webhooks' `webhook-*`).
+pub(super) fn header_or<'a>(
+    headers: &'a HeaderMap,
+    name: &'static str,
+    alias: Option<&'static str>,
+) -> Result<&'a str, Refused> {
+    let value = headers.get(name).or_else(|| alias.and_then(|a| headers.get(a))).ok_or(Refused::MissingHeader(name))?;
     value.to_str().map_err(|_| Refused::Malformed(format!("{name} is not visible ASCII")))
 }
 
