@@ -60,8 +60,9 @@ async fn backlog(dir: &std::path::Path, name: &str, jobs: u64) -> BoxResult<(Sql
     Ok((backend, path))
 }
 
-/// Raw SQL: claim one, complete it, until the queue is empty; jobs a second.
-async fn baseline(dir: &std::path::Path, name: &str, jobs: u64) -> BoxResult<f64> {
+/// A new backlog of `jobs`, and one connection to its file with the backend's durability
+/// settings, for a raw-SQL baseline.
+async fn raw(dir: &std::path::Path, name: &str, jobs: u64) -> BoxResult<sqlx::SqliteConnection> {
     let (backend, path) = backlog(dir, name, jobs).await?;
     drop(backend);
     let options = SqliteConnectOptions::new()
@@ -69,7 +70,12 @@ async fn baseline(dir: &std::path::Path, name: &str, jobs: u64) -> BoxResult<f64
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(synchronous())
         .busy_timeout(Duration::from_secs(5));
-    let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+    Ok(sqlx::SqliteConnection::connect_with(&options).await?)
+}
+
+/// Raw SQL: claim one, complete it, until the queue is empty; jobs a second.
+async fn baseline(dir: &std::path::Path, name: &str, jobs: u64) -> BoxResult<f64> {
+    let mut conn = raw(dir, name, jobs).await?;
     let claim = "UPDATE redrive_jobs
         SET status = 'running', ready_at = NULL, lease_token = ?1, lease_expires = ?2 + 30000,
             attempts = attempts + 1, claims = claims + 1
@@ -94,14 +100,7 @@ async fn baseline(dir: &std::path::Path, name: &str, jobs: u64) -> BoxResult<f64
 /// Raw SQL, batched: claim 100 in one statement, complete them in one, until the queue is
 /// empty; jobs a second.
 async fn batched(dir: &std::path::Path, name: &str, jobs: u64) -> BoxResult<f64> {
-    let (backend, path) = backlog(dir, name, jobs).await?;
-    drop(backend);
-    let options = SqliteConnectOptions::new()
-        .filename(&path)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(synchronous())
-        .busy_timeout(Duration::from_secs(5));
-    let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+    let mut conn = raw(dir, name, jobs).await?;
     let claim = "UPDATE redrive_jobs
         SET status = 'running', ready_at = NULL, lease_token = ?1, lease_expires = ?2 + 30000,
             attempts = attempts + 1, claims = claims + 1
