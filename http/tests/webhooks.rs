@@ -164,9 +164,12 @@ async fn deliveries_signed_by_the_providers_libraries_are_accepted_and_altered_o
 
     // GitHub, signed by @octokit/webhooks-methods.
     let push = json!({"ref": "refs/heads/main", "after": "a1b2c3"}).to_string();
+    // A webhook left at GitHub's form content type: signed, and still refused (not JSON).
+    let form = "payload=%7B%22ref%22%3A%22refs%2Fheads%2Fmain%22%7D";
     let signed = node_signs(&[
         json!({"lib": "github", "secret": GITHUB_SECRET, "payload": push}),
         json!({"lib": "github", "secret": "not the secret", "payload": push}),
+        json!({"lib": "github", "secret": GITHUB_SECRET, "payload": form}),
     ]);
     let github_headers = |signature: &String, delivery: &str| {
         vec![
@@ -179,6 +182,9 @@ async fn deliveries_signed_by_the_providers_libraries_are_accepted_and_altered_o
     let altered = push.replacen("main", "mainx", 1);
     assert_eq!(deliver(&github, &github_headers(&signed[0], delivery), &altered).await, StatusCode::UNAUTHORIZED);
     assert_eq!(deliver(&github, &github_headers(&signed[1], delivery), &push).await, StatusCode::UNAUTHORIZED);
+    let (status, answer) = answered(&github, &github_headers(&signed[2], "form-guid"), form).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "a signed body that is not JSON: {answer}");
+    assert!(answer["error"].as_str().unwrap_or_default().contains("not JSON"), "{answer}");
     let unsigned = [("x-github-delivery", delivery.to_owned())];
     assert_eq!(deliver(&github, &unsigned, &push).await, StatusCode::BAD_REQUEST);
     assert_eq!(deliver(&github, &github_headers(&signed[0], delivery), &push).await, StatusCode::OK);

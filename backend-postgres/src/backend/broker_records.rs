@@ -69,9 +69,7 @@ impl PgBackend {
             .get("kept");
         Ok(kept.max(0) as u64)
     }
-}
 
-impl PgBackend {
     /// [`RecordStore::take_for_replay`] on `conn`: in the caller's transaction, for a queue in
     /// this database (pgmq) that takes a record, sends its job and closes it in one commit.
     pub async fn take_record_in(

@@ -8,7 +8,7 @@ use axum::http::HeaderMap;
 use redrive_core::Result;
 use sha2::{Digest, Sha256};
 
-use super::verify::{Delivery, Provider, Refused, check_secret, header, sign, signed_by_any};
+use super::verify::{Delivery, Provider, Refused, check_secret, header, json, sign, signed_by_any};
 
 /// GitHub's webhook signatures, checked with the webhook's secrets.
 #[derive(Clone)]
@@ -62,6 +62,8 @@ impl Provider for GitHub {
             id: hex::encode(Sha256::digest(body)),
             delivery: text("x-github-delivery"),
             event_type: text("x-github-event"),
+            // Set the webhook's content type to application/json: a form-encoded body is refused.
+            event: json(body)?,
         })
     }
 }

@@ -180,7 +180,8 @@ impl<Q, E: Event> Endpoint<Q, E> {
     /// The job of a verified delivery: its payload is a [`WebhookEvent`] of the body's JSON, so
     /// that a body the app's type does not decode is still kept, as the failure record of its
     /// job (amend and replay it).
-    fn job(&self, delivery: &Delivery, mut event: Value) -> Result<NewJob> {
+    fn job(&self, delivery: &Delivery) -> Result<NewJob> {
+        let mut event = delivery.event.clone();
         self.provider.settle(&mut event);
         let provider = self.provider.name();
         let key = event_key(IdempotencyKey::builder(E::KIND), provider, &self.name, &delivery.id).build()?;
@@ -220,11 +221,7 @@ async fn receive<Q: Enqueue, E: Event>(
     };
     let event = delivery.id.as_str();
     let guid = delivery.delivery.as_deref();
-    let Ok(json) = serde_json::from_slice::<Value>(&body) else {
-        warn!(provider, endpoint = name, event, "webhook delivery refused: its body is not JSON");
-        return answer(StatusCode::BAD_REQUEST, json!({ "error": "the body is not JSON" }));
-    };
-    let enqueued = match endpoint.job(&delivery, json) {
+    let enqueued = match endpoint.job(&delivery) {
         Ok(job) => endpoint.queue.enqueue(job).await,
         Err(e) => Err(e),
     };
@@ -284,10 +281,22 @@ mod tests {
         assert_eq!(github.signature_header(b"Hello, World!"), signature);
         let h =
             headers(&[("x-hub-signature-256", signature), ("x-github-delivery", "d-1"), ("x-github-event", "ping")]);
-        let delivery = github.verify(&h, b"Hello, World!", 0).unwrap();
-        let body_sha256 = "dffd6021bb2bd5b0af676290809ec3a53191dd81c7f70a4b28688a362182986f";
-        let expected =
-            Delivery { id: body_sha256.into(), delivery: Some("d-1".into()), event_type: Some("ping".into()) };
+        // Signed, but not JSON (a form-encoded webhook): refused once the signature checked.
+        let refused = github.verify(&h, b"Hello, World!", 0).unwrap_err();
+        assert_eq!(refused, Refused::Malformed("the body is not JSON".into()));
+        let body = br#"{"zen":"Keep it logically awesome."}"#;
+        let h = headers(&[
+            ("x-hub-signature-256", &github.signature_header(body)),
+            ("x-github-delivery", "d-1"),
+            ("x-github-event", "ping"),
+        ]);
+        let delivery = github.verify(&h, body, 0).unwrap();
+        let expected = Delivery {
+            id: "0252d04b81792d637d82235c2e3f2f5a1aef4939830565eee2aec25d37681212".into(),
+            delivery: Some("d-1".into()),
+            event_type: Some("ping".into()),
+            event: json!({"zen": "Keep it logically awesome."}),
+        };
         assert_eq!(delivery, expected, "the id is the signed body's SHA-256, not the unsigned GUID");
 
         let standard = StandardWebhooks::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
@@ -368,8 +377,8 @@ mod tests {
             provider: Box::new(GitHub::new("s").unwrap()),
             event: PhantomData::<fn() -> Ping>,
         };
-        let delivery = Delivery { id: "d 1/é".into(), delivery: None, event_type: None };
-        let job = endpoint.job(&delivery, Value::Null).unwrap();
+        let delivery = Delivery { id: "d 1/é".into(), delivery: None, event_type: None, event: Value::Null };
+        let job = endpoint.job(&delivery).unwrap();
         let event = WebhookEvent {
             provider: "github".into(),
             endpoint: "pings".into(),

@@ -12,7 +12,7 @@ use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use redrive_core::{Error, ErrorKind, Result};
 
 use super::verify::{
-    Delivery, Provider, Refused, check_secret, event_id, header_or, named, sign, signed_by_any, within,
+    Delivery, Provider, Refused, check_secret, event_id, header_or, json, sign, signed_by_any, text, within,
 };
 
 /// Standard Webhooks signatures, checked with an endpoint's secrets.
@@ -88,7 +88,7 @@ impl Provider for StandardWebhooks {
             return Err(Refused::BadSignature);
         }
         within(seconds, now, self.window)?;
-        let event_type = named(body).ok().and_then(|n| n.event_type);
-        Ok(Delivery { id: event_id(id, "webhook-id")?, delivery: None, event_type })
+        let event = json(body)?;
+        Ok(Delivery { id: event_id(id, "webhook-id")?, delivery: None, event_type: text(&event, "type"), event })
     }
 }

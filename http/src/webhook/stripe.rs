@@ -8,7 +8,9 @@ use axum::http::HeaderMap;
 use redrive_core::Result;
 use serde_json::Value;
 
-use super::verify::{Delivery, Provider, Refused, check_secret, event_id, header, named, sign, signed_by_any, within};
+use super::verify::{
+    Delivery, Provider, Refused, check_secret, event_id, header, json, sign, signed_by_any, text, within,
+};
 
 /// Stripe's webhook signatures, checked with an endpoint's signing secrets.
 #[derive(Clone)]
@@ -88,9 +90,9 @@ impl Provider for Stripe {
             return Err(Refused::BadSignature);
         }
         within(seconds, now, self.window)?;
-        let event = named(body)?;
-        let id = event.id.ok_or_else(|| Refused::Malformed("the event has no id".into()))?;
-        Ok(Delivery { id: event_id(&id, "the event's id")?, delivery: None, event_type: event.event_type })
+        let event = json(body)?;
+        let id = text(&event, "id").ok_or_else(|| Refused::Malformed("the event has no id".into()))?;
+        Ok(Delivery { id: event_id(&id, "the event's id")?, delivery: None, event_type: text(&event, "type"), event })
     }
 
     /// `pending_webhooks` counts the endpoints still waiting for the event: it changes between

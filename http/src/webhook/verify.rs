@@ -16,7 +16,8 @@ pub trait Provider: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     /// Checks the signature in `headers` over `body` and, where the scheme signs a timestamp,
-    /// that it is within the window of `now` (Unix seconds); then the event's id and type.
+    /// that it is within the window of `now` (Unix seconds); then parses the body and names the
+    /// event's id and type.
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<Delivery, Refused>;
 
     /// Removes from a verified event what the provider changes between deliveries of the same
@@ -26,8 +27,8 @@ pub trait Provider: Send + Sync + 'static {
 }
 
 /// A delivery whose signature checked: the event's signed identity (the idempotency key's
-/// fact) and what else the provider says of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// fact), what else the provider says of it, and the body as JSON.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Delivery {
     /// The event's identity, covered by the signature: Stripe's event `id`, Standard Webhooks'
     /// `webhook-id`; for GitHub, which signs only the body, the body's SHA-256 (hex), so that a
@@ -39,6 +40,8 @@ pub struct Delivery {
     /// Stripe's `type`, GitHub's `X-GitHub-Event` (not signed), the `type` of a Standard
     /// Webhooks payload.
     pub event_type: Option<String>,
+    /// The body, parsed once the signature checked (a body that is not JSON is refused).
+    pub event: serde_json::Value,
 }
 
 /// Why a delivery was refused before anything was stored.
@@ -144,16 +147,14 @@ pub(super) fn within(timestamp: i64, now: i64, window: Duration) -> Result<(), R
     if age.unsigned_abs() > window.as_secs() { Err(Refused::OutsideWindow { age }) } else { Ok(()) }
 }
 
-/// The `id` and `type` of a JSON event body (Stripe's, a Standard Webhooks payload's).
-#[derive(serde::Deserialize)]
-pub(super) struct Named {
-    pub(super) id: Option<String>,
-    #[serde(rename = "type")]
-    pub(super) event_type: Option<String>,
+/// The verified body as JSON, parsed once for the provider's fields and the job's payload.
+pub(super) fn json(body: &[u8]) -> Result<serde_json::Value, Refused> {
+    serde_json::from_slice(body).map_err(|_| Refused::Malformed("the body is not JSON".into()))
 }
 
-pub(super) fn named(body: &[u8]) -> Result<Named, Refused> {
-    serde_json::from_slice(body).map_err(|_| Refused::Malformed("the body is not a JSON object".into()))
+/// The string at `field` of a JSON object (Stripe's `id`, an event's `type`).
+pub(super) fn text(event: &serde_json::Value, field: &str) -> Option<String> {
+    event.get(field).and_then(serde_json::Value::as_str).map(str::to_owned)
 }
 
 /// Refuses an id that is empty, long, or not visible ASCII: it becomes a key's fact.

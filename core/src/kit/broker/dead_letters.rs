@@ -90,13 +90,46 @@ pub async fn withdraw_replay<B: Broker>(broker: &B, record: &FailureId, cancel: 
     Ok(())
 }
 
+/// A replay in three steps, each its own write: the record taken in the store for
+/// [`REPLAY_WINDOW`], `job` sent, the record closed as `replayed`. Retried after a failure past
+/// the send, within the window, it sends nothing more; a replay that died before closing leaves
+/// the record open again after the window, and a replay then sends it again (the effect ledger
+/// keeps the effect to one).
+async fn replay_in_steps<B: Broker>(
+    broker: &B,
+    job: &NewJob,
+    id: &FailureId,
+    replayed: &RecordState,
+) -> Result<ReplayOutcome> {
+    let core = broker.core();
+    let (store, scope) = (core.records(), core.scope());
+    if let Taken::Closed(state) = store.take_for_replay(scope, id, REPLAY_WINDOW).await? {
+        return Ok(ReplayOutcome::AlreadyClosed(state));
+    }
+    let sent = match broker.send_replay(job, id).await {
+        Ok(sent) => sent,
+        Err(e) => {
+            // Refused by the broker (the sender's fault): nothing was sent, the record is open
+            // again at once. A timeout or a server error may have sent it: the record stays
+            // taken until the window lapses, so that a retry now sends nothing twice.
+            if e.retry() == Retry::Permanent {
+                let _ = store.close_record(scope, id, &RecordState::Open).await;
+            }
+            return Err(e);
+        }
+    };
+    if core.replay_stops_after_send() {
+        return Err(Error::temporary("injected: the replay stopped after its send"));
+    }
+    store.close_record(scope, id, replayed).await?;
+    Ok(ReplayOutcome::Replayed(sent))
+}
+
 impl<B: Broker> Replay for B {
     /// Takes the record in the store (so that no other replay, in any process, sends it), sends
     /// the job back with its original keys, then closes the record: in one transaction where the
-    /// broker can ([`Broker::replay_at_once`]), else in three steps: retried after a
-    /// failure past the send, within five minutes, it sends nothing more; a replay that died before
-    /// closing leaves the record open again after five minutes, and a replay then sends it
-    /// again (the effect ledger keeps the effect to one).
+    /// broker can ([`Broker::replay_at_once`]), else in three steps of their own, safe to retry
+    /// within five minutes.
     async fn replay(&self, id: &FailureId, reason: &str, actor: &str) -> Result<ReplayOutcome> {
         require_audit("a replay's actor", actor)?;
         let record = self.get(id).await?;
@@ -121,37 +154,14 @@ impl<B: Broker> Replay for B {
         job.replay_of = Some(id.clone());
         self.check_job(&job)?;
         let replayed = RecordState::replaying(reason, actor, false);
-        match self.replay_at_once(&job, id, &replayed).await? {
-            Some(ReplayOutcome::Replayed(sent)) => {
-                info!(record = %id, kind = %record.kind, key = %record.key, job = %sent, actor, reason, "failure record replayed");
-                return Ok(ReplayOutcome::Replayed(sent));
-            }
-            Some(closed) => return Ok(closed),
-            None => {}
-        }
-        let core = self.core();
-        let (store, scope) = (core.records(), core.scope());
-        if let Taken::Closed(state) = store.take_for_replay(scope, id, REPLAY_WINDOW).await? {
-            return Ok(ReplayOutcome::AlreadyClosed(state));
-        }
-        let sent = match self.send_replay(&job, id).await {
-            Ok(sent) => sent,
-            Err(e) => {
-                // Refused by the broker (the sender's fault): nothing was sent, the record is open
-                // again at once. A timeout or a server error may have sent it: the record stays
-                // taken until the window lapses, so that a retry now sends nothing twice.
-                if e.retry() == Retry::Permanent {
-                    let _ = store.close_record(scope, id, &RecordState::Open).await;
-                }
-                return Err(e);
-            }
+        let outcome = match self.replay_at_once(&job, id, &replayed).await? {
+            Some(outcome) => outcome,
+            None => replay_in_steps(self, &job, id, &replayed).await?,
         };
-        if core.replay_stops_after_send() {
-            return Err(Error::temporary("injected: the replay stopped after its send"));
+        if let ReplayOutcome::Replayed(sent) = &outcome {
+            info!(record = %id, kind = %record.kind, key = %record.key, job = %sent, actor, reason, "failure record replayed");
         }
-        store.close_record(scope, id, &replayed).await?;
-        info!(record = %id, kind = %record.kind, key = %record.key, job = %sent, actor, reason, "failure record replayed");
-        Ok(ReplayOutcome::Replayed(sent))
+        Ok(outcome)
     }
 
     /// A broker's effect ledger is kept apart from its records: an amended payload would meet
