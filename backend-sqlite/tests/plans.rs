@@ -2,7 +2,8 @@
 //! take of tokens or of a slot, every renewal and release; the claim reads the ready index a
 //! priority at a time, in its order; the claim's order check reads the index of each order key's
 //! unfinished jobs, never the whole jobs table; the live jobs are read by primary key or key,
-//! never sorted (`EXPLAIN QUERY PLAN`, never run).
+//! never sorted; a group of completions finds each job by primary key (`EXPLAIN QUERY PLAN`,
+//! never run).
 
 mod common;
 
@@ -198,4 +199,29 @@ async fn the_live_jobs_are_read_by_primary_key_or_key_and_never_sorted() {
         }
     }
     assert!(failures.is_empty(), "live-job statements that scan or sort the jobs:\n{}", failures.join("\n"));
+}
+
+/// A group of completions is one statement that walks its list of jobs and finds each by primary
+/// key: its cost follows the group, never the size of the jobs table.
+#[tokio::test]
+async fn a_group_of_completions_finds_each_job_by_primary_key() {
+    let (backend, _dir) = common::backend().await;
+    let fill = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 30000) \
+                INSERT INTO redrive_jobs (kind, idempotency_key, provider_key, payload, fingerprint, severity, cap, \
+                                          status, ready_at, created_at, lease_token, lease_expires) \
+                SELECT 'ship', 'ship:n=' || i, '00000000-0000-0000-0000-000000000000', '{}', 'f', 'error', 3, \
+                       'running', NULL, i, 't' || (i / 128), 99999999 \
+                FROM n";
+    sqlx::raw_sql(fill).execute(backend.pool()).await.expect("fill the jobs");
+    let held = r#"[[17,"t0"],[129,"t1"],[130,"t1"]]"#;
+    for moment in ["no statistics", "analyzed"] {
+        if moment == "analyzed" {
+            sqlx::raw_sql("ANALYZE").execute(backend.pool()).await.expect("analyze");
+        }
+        let steps =
+            plan(backend.pool(), "complete", include_str!("../queries/complete.sql"), &[Some(held), Some("1")]).await;
+        let by_key = steps.iter().any(|step| step == "SEARCH redrive_jobs USING INTEGER PRIMARY KEY (rowid=?)");
+        let scans = steps.iter().any(|step| step == "SCAN redrive_jobs" || step.starts_with("SCAN redrive_jobs "));
+        assert!(by_key && !scans, "{moment}: the completion does not go by primary key: {steps:#?}");
+    }
 }

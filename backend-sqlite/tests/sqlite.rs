@@ -279,3 +279,47 @@ async fn claims_take_the_highest_priority_first_and_a_file_from_before_prioritie
     assert_eq!((counts.queued, counts.scheduled, counts.running), (2, Some(1), 8));
     assert!(counts.oldest_ready.is_some(), "the job at -5 is ready");
 }
+
+/// Completions that arrive together are written together, and each caller still hears its own
+/// answer: the jobs whose lease was taken again are refused as lost and stay with their new
+/// holder, the rest are done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn completions_written_together_each_get_their_own_answer() {
+    let (backend, _dir) = common::backend().await;
+    backend.enqueue_batch((0..60).map(job).collect()).await.unwrap();
+    // 30 claimed on a lease that lapses, then taken again by a second claim.
+    let lapsed = backend.claim(&Kinds::Any, 30, Duration::from_millis(50), Duration::ZERO).await.unwrap();
+    let rest = backend.claim(&Kinds::Any, 30, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let retaken = backend.claim(&Kinds::Any, 30, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+    assert_eq!((lapsed.len(), retaken.len(), rest.len()), (30, 30, 30));
+    let mut retaken_parcels: Vec<u32> = retaken.iter().map(parcel).collect();
+    retaken_parcels.sort_unstable();
+    assert_eq!(retaken_parcels, lapsed.iter().map(parcel).collect::<Vec<_>>(), "the lapsed jobs, taken again");
+
+    // Every completion at once: the stale leases' and the fresh ones' interleaved.
+    let calls: Vec<_> = lapsed
+        .iter()
+        .zip(&rest)
+        .flat_map(|(stale, fresh)| [(stale.clone(), false), (fresh.clone(), true)])
+        .map(|(claimed, fresh)| {
+            let backend = backend.clone();
+            tokio::spawn(async move { (fresh, backend.complete(&claimed.lease, None).await) })
+        })
+        .collect();
+    for call in calls {
+        let (fresh, result) = call.await.unwrap();
+        match (fresh, result) {
+            (true, Ok(())) => {}
+            (false, Err(e)) if e.kind() == redrive_core::ErrorKind::LeaseLost => {}
+            (fresh, result) => panic!("fresh lease: {fresh}, answer: {result:?}"),
+        }
+    }
+    let counts = backend.counts().await.unwrap();
+    assert_eq!((counts.queued, counts.running), (0, 30), "the retaken jobs are still running: {counts:?}");
+    // Their new holder completes them.
+    for claimed in &retaken {
+        backend.complete(&claimed.lease, None).await.unwrap();
+    }
+    assert_eq!(backend.counts().await.unwrap().running, 0);
+}

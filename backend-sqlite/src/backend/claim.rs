@@ -15,8 +15,8 @@ use sqlx::sqlite::SqliteRow;
 use uuid::Uuid;
 
 use super::{
-    SqliteBackend, completer, history, json_from, key_from, key_or_stand_in, lease_lost, ms, now_ms, parse_id,
-    payload_as_stored, provider_key_from, time,
+    SqliteBackend, WriteTiming, completer, history, json_from, key_from, key_or_stand_in, lease_lost, ms, now_ms,
+    parse_id, payload_as_stored, provider_key_from, time,
 };
 use crate::error::{db, stored};
 use crate::sql::{self, q};
@@ -29,7 +29,9 @@ impl SqliteBackend {
         };
         let token = Uuid::new_v4().to_string();
         let now = now_ms();
+        let mut timing = WriteTiming::start();
         let mut tx = self.write().await?;
+        timing.begun();
         let swept = q(sql::sweep).bind(now).fetch_all(&mut *tx).await.map_err(|e| db(e, "sweep lapsed leases"))?;
         for row in &swept {
             self.ended_cancelled(&mut tx, row).await?;
@@ -43,7 +45,9 @@ impl SqliteBackend {
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db(e, "claim"))?;
+        timing.committing();
         tx.commit().await.map_err(|e| db(e, "commit claim"))?;
+        timing.done("claim", rows.len());
         let mut claimed: Vec<Claimed> = rows.iter().map(|row| claimed_from(row, &token)).collect();
         // Claim order: the highest priority first, then by id (an undecodable row's priority
         // reads as 0).

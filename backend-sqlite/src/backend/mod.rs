@@ -76,6 +76,45 @@ pub(crate) async fn let_others_write(held: Duration) {
     tokio::time::sleep(held.max(Duration::from_millis(5))).await;
 }
 
+/// How long one write transaction waited for the writer connection, ran its statements, and
+/// committed: a trace event (target `redrive_sqlite::writes`) that the throughput bench sums
+/// into its per-job breakdown. Never the jobs' contents.
+struct WriteTiming {
+    started: std::time::Instant,
+    begun: std::time::Instant,
+    committing: std::time::Instant,
+}
+
+impl WriteTiming {
+    fn start() -> Self {
+        let now = std::time::Instant::now();
+        Self { started: now, begun: now, committing: now }
+    }
+
+    /// The transaction has the writer.
+    fn begun(&mut self) {
+        self.begun = std::time::Instant::now();
+    }
+
+    /// Its statements ran; the commit starts.
+    fn committing(&mut self) {
+        self.committing = std::time::Instant::now();
+    }
+
+    /// Committed: `write` names the transaction, `jobs` how many jobs it wrote.
+    fn done(self, write: &'static str, jobs: usize) {
+        let micros = |d: Duration| d.as_micros() as u64;
+        tracing::trace!(
+            target: "redrive_sqlite::writes",
+            write,
+            jobs,
+            wait_us = micros(self.begun - self.started),
+            statements_us = micros(self.committing - self.begun),
+            commit_us = micros(self.committing.elapsed()),
+        );
+    }
+}
+
 fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
 }
