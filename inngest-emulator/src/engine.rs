@@ -41,8 +41,8 @@ pub(crate) struct State {
     pub(crate) calls: Vec<Call>,
     /// (function id, the event's own id) → when its run was made: the id's dedupe.
     pub(crate) seen: HashMap<(String, String), Instant>,
-    /// Events as stored, by the id the API answered with.
-    pub(crate) events: HashMap<String, Value>,
+    /// Events as stored, with the id the API answered for each, oldest first.
+    pub(crate) events: Vec<(String, Value)>,
 }
 
 pub(crate) struct Shared {
@@ -88,7 +88,7 @@ impl Shared {
             }
             let triggered: Vec<Function> = {
                 let mut state = self.lock();
-                state.events.insert(id.clone(), event.clone());
+                state.events.push((id.clone(), event.clone()));
                 let now = Instant::now();
                 let window = self.config.dedupe_window;
                 state.seen.retain(|_, at| now.duration_since(*at) < window);

@@ -379,6 +379,11 @@ impl Emulator {
         self.shared.lock().calls.clone()
     }
 
+    /// Every event received (and every `inngest/function.failed` sent), oldest first, as stored.
+    pub fn events(&self) -> Vec<Value> {
+        self.shared.lock().events.iter().map(|(_, e)| e.clone()).collect()
+    }
+
     /// Requests the event API received (each may carry many events).
     pub fn event_requests(&self) -> u64 {
         self.shared.event_requests.load(Ordering::Relaxed)

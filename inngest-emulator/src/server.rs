@@ -32,17 +32,17 @@ fn error(status: StatusCode, message: &str) -> Response {
 }
 
 /// The signing-key bearer on every API route but the event API's.
-fn authorized(shared: &Shared, headers: &HeaderMap) -> Result<(), Response> {
+fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
     let bearer = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default();
-    if sign::bearer_matches(&shared.config.keys(), bearer) {
-        Ok(())
-    } else {
-        Err(error(StatusCode::UNAUTHORIZED, "authentication failed"))
-    }
+    sign::bearer_matches(&shared.config.keys(), bearer)
+}
+
+fn unauthorized() -> Response {
+    error(StatusCode::UNAUTHORIZED, "authentication failed")
 }
 
 /// `POST /e/{key}`: one event or an array; `{ids, status: 200}` in order.
@@ -56,8 +56,7 @@ async fn events(State(shared): State<Arc<Shared>>, Path(key): Path<String>, body
         Ok(event @ Value::Object(_)) => vec![event],
         _ => return error(StatusCode::BAD_REQUEST, "the body is not an event or an array of events"),
     };
-    if let Some(at) = events.iter().position(|e| !e.get("name").and_then(Value::as_str).is_some_and(|n| !n.is_empty()))
-    {
+    if let Some(at) = events.iter().position(|e| e.get("name").and_then(Value::as_str).is_none_or(str::is_empty)) {
         return error(StatusCode::BAD_REQUEST, &format!("event {at} has no name"));
     }
     if events.iter().any(|e| e.get("name").and_then(Value::as_str).is_some_and(|n| n.starts_with("inngest/"))) {
@@ -69,8 +68,8 @@ async fn events(State(shared): State<Arc<Shared>>, Path(key): Path<String>, body
 
 /// `POST /fn/register`: an app's functions, replacing what it registered before.
 async fn register(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(refused) = authorized(&shared, &headers) {
-        return refused;
+    if !authorized(&shared, &headers) {
+        return unauthorized();
     }
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
         return error(StatusCode::BAD_REQUEST, "the body is not JSON");
@@ -100,8 +99,8 @@ async fn register(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: B
 }
 
 async fn run(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    if let Err(refused) = authorized(&shared, &headers) {
-        return refused;
+    if !authorized(&shared, &headers) {
+        return unauthorized();
     }
     match shared.lock().runs.iter().find(|r| r.id == id) {
         Some(run) => axum::Json(json!({ "data": run.to_json() })).into_response(),
@@ -111,8 +110,8 @@ async fn run(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(id): Pa
 
 /// `GET /v1/events/{id}/runs`: by the id the event API answered with, or the event's own id.
 async fn event_runs(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    if let Err(refused) = authorized(&shared, &headers) {
-        return refused;
+    if !authorized(&shared, &headers) {
+        return unauthorized();
     }
     let state = shared.lock();
     let runs: Vec<Value> = state
@@ -125,8 +124,8 @@ async fn event_runs(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(
 }
 
 async fn cancel(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    if let Err(refused) = authorized(&shared, &headers) {
-        return refused;
+    if !authorized(&shared, &headers) {
+        return unauthorized();
     }
     let mut state = shared.lock();
     let Some(run) = state.runs.iter_mut().find(|r| r.id == id) else {
@@ -144,8 +143,8 @@ async fn cancel(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(id):
 /// `POST /v2/runs/{id}/rerun`: a new run of the same function on the same event, past the
 /// event id's dedupe.
 async fn rerun(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    if let Err(refused) = authorized(&shared, &headers) {
-        return refused;
+    if !authorized(&shared, &headers) {
+        return unauthorized();
     }
     let found = {
         let state = shared.lock();
@@ -162,8 +161,8 @@ async fn rerun(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(id): 
 }
 
 async fn functions(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(app): Path<String>) -> Response {
-    if let Err(refused) = authorized(&shared, &headers) {
-        return refused;
+    if !authorized(&shared, &headers) {
+        return unauthorized();
     }
     let list: Vec<Value> = shared
         .lock()
