@@ -2,8 +2,6 @@
 //! it) and the body's size, parks the delivery for the workers within the park bound, and
 //! answers with their verdict.
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -12,12 +10,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
 use redrive_core::JobId;
+use redrive_core::kit::JobRecord;
 use redrive_core::kit::broker::{Known, carried_job};
-use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::backend::{Delivery, FAILED_AT_HEADER, QStashBackend, State, TRACE_ID_HEADER, Verdict, lock};
+use crate::backend::{Delivery, FAILED_AT_HEADER, QStashBackend, TRACE_ID_HEADER, Verdict};
 use crate::dead::Carried;
 use crate::signature::{NOT_OUR_KEYS, Verifier};
 
@@ -63,7 +61,7 @@ async fn receive(Shared(backend): Shared<QStashBackend>, headers: HeaderMap, bod
     if inner.verifier.seen(&token, false) {
         return replayed();
     }
-    let Some(_slot) = Slot::take(&backend) else {
+    let Some(_slot) = inner.parked.slot() else {
         // Its body is never read: an overload holds no memory for it.
         if let Some(message_id) = header(&headers, "upstash-message-id") {
             backend.note_refusal(&message_id);
@@ -85,40 +83,18 @@ async fn receive(Shared(backend): Shared<QStashBackend>, headers: HeaderMap, bod
     if inner.verifier.seen(&token, true) {
         return replayed();
     }
-    let Some((delivery, mut verdict)) = delivery(&backend, &headers, body) else {
+    let Some((job, delivery, unclaimed_by)) = delivery(&backend, &headers, body) else {
         return refuse(StatusCode::BAD_REQUEST, "no Upstash-Message-Id");
     };
-    let delivery = Arc::new(delivery);
-    debug!(job = %delivery.job.id, kind = %delivery.job.kind, key = %delivery.job.key, attempt = delivery.job.attempt,
-        "QStash delivery parked");
-    backend.park(delivery.clone());
-    // Dropped with this future when the connection closes (QStash's timeout, a proxy's): the
-    // delivery is forgotten, so no worker runs a job whose request is gone.
-    let _gone = Forget(&backend, &delivery);
-    loop {
-        let wake = match &*lock(&delivery.state) {
-            State::Waiting => delivery.unclaimed_by,
-            State::Claimed { until, .. } => *until,
-            State::Settled => delivery.answer_by + Duration::from_secs(5),
-        };
-        tokio::select! {
-            answered = &mut verdict => {
-                return match answered {
-                    Ok(verdict) => respond(verdict),
-                    Err(_) => refuse(StatusCode::INTERNAL_SERVER_ERROR, "no verdict"),
-                };
-            }
-            () = delivery.changed.notified() => {}
-            () = tokio::time::sleep_until(wake) => {
-                if let Some(verdict) = backend.lapse(&delivery).await {
-                    return respond(verdict);
-                }
-                if *lock(&delivery.state) == State::Settled {
-                    // Settled, but its verdict never came (the settling call was dropped).
-                    return refuse(StatusCode::INTERNAL_SERVER_ERROR, "no verdict");
-                }
-            }
-        }
+    debug!(job = %job.id, kind = %job.kind, key = %job.key, attempt = job.attempt, "QStash delivery parked");
+    let now = Instant::now();
+    let timeout = inner.config.delivery_timeout;
+    let answer_by = now + timeout - (timeout / 10).min(Duration::from_secs(5));
+    let (call, verdict) = inner.parked.park(job, delivery, answer_by, unclaimed_by);
+    match inner.parked.verdict(&call, verdict, "QStash", |lapse| backend.lapsed(&call, lapse)).await {
+        Some(verdict) => respond(verdict),
+        // Settled, but its verdict never came (the settling call was dropped).
+        None => refuse(StatusCode::INTERNAL_SERVER_ERROR, "no verdict"),
     }
 }
 
@@ -127,44 +103,13 @@ fn replayed() -> Response {
     refuse(StatusCode::UNAUTHORIZED, "the signature was accepted before")
 }
 
-/// A place among the deliveries the receiver holds, given back when the request ends.
-struct Slot<'a>(&'a QStashBackend);
-
-impl<'a> Slot<'a> {
-    fn take(backend: &'a QStashBackend) -> Option<Self> {
-        let parked = &backend.inner.parked;
-        let bound = backend.inner.config.max_parked;
-        parked.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < bound).then_some(n + 1)).ok()?;
-        Some(Self(backend))
-    }
-}
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        self.0.inner.parked.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Forgets its delivery when dropped before a verdict.
-struct Forget<'a>(&'a QStashBackend, &'a Arc<Delivery>);
-
-impl Drop for Forget<'_> {
-    fn drop(&mut self) {
-        self.0.forget(self.1);
-    }
-}
-
 /// The delivery the request carries: its job (or a stand-in for a body that is not an
 /// envelope), its attempt and what its copies carried; and where its verdict will come.
 ///
 /// Only the body is signed. The carried headers count only under this backend's seal; the
 /// attempt adds QStash's retries (`Upstash-Retried`, unsigned) bounded by the retries the job
 /// has left, less those this process refused past its park bound (no worker started them).
-fn delivery(
-    backend: &QStashBackend,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Option<(Delivery, oneshot::Receiver<Verdict>)> {
+fn delivery(backend: &QStashBackend, headers: &HeaderMap, body: Bytes) -> Option<(JobRecord, Delivery, Instant)> {
     let config = &backend.inner.config;
     let message_id = header(headers, "upstash-message-id")?;
     let retried: u32 = header(headers, "upstash-retried").and_then(|r| r.parse().ok()).unwrap_or(0);
@@ -178,26 +123,11 @@ fn delivery(
     let left = env.cap.saturating_sub(1).saturating_sub(carried.spent);
     let counted = retried.saturating_sub(backend.refusals(&message_id)).min(left);
     let attempt = carried.spent + counted + 1;
-    let now = Instant::now();
-    let timeout = config.delivery_timeout;
-    let answer_by = now + timeout - (timeout / 10).min(Duration::from_secs(5));
-    let (sender, verdict) = oneshot::channel();
     let mut job = env.into_job(job_id, attempt, undecodable);
     // A DLQ retry resends the entry's body as it was: the record it replays comes beside it.
     job.replay_of = job.replay_of.or_else(|| carried.replay_of.clone().map(redrive_core::FailureId));
-    let delivery = Delivery {
-        job,
-        message_id,
-        retried,
-        carried,
-        body: text,
-        answer_by,
-        unclaimed_by: (now + config.park_limit).min(answer_by),
-        state: Mutex::new(State::Waiting),
-        changed: Notify::new(),
-        verdict: Mutex::new(Some(sender)),
-    };
-    Some((delivery, verdict))
+    let unclaimed_by = Instant::now() + config.park_limit;
+    Some((job, Delivery { message_id, retried, carried, body: text }, unclaimed_by))
 }
 
 fn respond(verdict: Verdict) -> Response {

@@ -2,21 +2,20 @@
 //! until a worker's verdict answers it; the worker claims parked deliveries as it claims jobs
 //! elsewhere, so handlers, keys and records are the same code as on every other backend.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use redrive_core::kit::broker::{Broker, BrokerCore, Drained, Held, not_all_sent};
+use redrive_core::kit::broker::{Broker, BrokerCore, Call, Drained, Lapse, Parked, not_all_sent};
 use redrive_core::kit::{
     AttemptError, Backend, Capabilities, Claim, Claimed, Dedupe, Envelope, Kinds, Lease, RecordStore, Renew,
     payload_fingerprint,
 };
 use redrive_core::{
-    Counts, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery, JobId, JobRecord, NewJob, QueueStats, Result,
+    Counts, Enqueue, Enqueued, Error, ErrorKind, FailureId, FailureQuery, JobId, NewJob, QueueStats, Result,
 };
-use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -60,23 +59,16 @@ pub(crate) struct Inner {
     pub(crate) config: QStashConfig,
     pub(crate) verifier: Verifier,
     core: BrokerCore,
-    /// Deliveries no worker has claimed yet, oldest first.
-    waiting: Mutex<VecDeque<Arc<Delivery>>>,
-    arrived: Notify,
-    /// Claimed deliveries by lease token.
-    held: Held<Arc<Delivery>>,
+    /// Deliveries parked here: waiting for a worker, or claimed.
+    pub(crate) parked: Parked<Delivery, Verdict>,
     cursor: Mutex<Cursor>,
     /// When the signing keys were last read from QStash; `None` when the configuration gives
     /// them (then they are never replaced).
     keys_read: Option<Mutex<Option<Instant>>>,
     /// Seals the headers a copy carries.
     pub(crate) seal: Seal,
-    /// Deliveries whose request is open here: parked, claimed or being answered.
-    pub(crate) parked: AtomicUsize,
     /// Messages refused past the park bound, by message id: how many times, and when last.
     refused: Mutex<HashMap<String, (u32, Instant)>>,
-    /// The kinds this process's claims have asked for (`None` in the set's place: any kind).
-    wanted: Mutex<Option<HashSet<String>>>,
     /// The kinds' limits as QStash's flow control, on every message published.
     pub(crate) flow: FlowHeaders,
 }
@@ -88,30 +80,17 @@ enum Cursor {
     End,
 }
 
-/// A verified delivery, parked until its verdict.
+/// What a verified delivery keeps beside its job while it is parked.
 pub(crate) struct Delivery {
-    pub(crate) job: JobRecord,
     pub(crate) message_id: String,
     pub(crate) retried: u32,
     pub(crate) carried: Carried,
     /// The raw body, sent again by a copy.
     pub(crate) body: String,
-    /// When QStash stops waiting for the answer, less a margin to send it.
-    pub(crate) answer_by: Instant,
-    /// When, unclaimed, it goes back to QStash (the park limit, within `answer_by`).
-    pub(crate) unclaimed_by: Instant,
-    pub(crate) state: Mutex<State>,
-    /// Told when the state changes, so the parked request looks at its deadline again.
-    pub(crate) changed: Notify,
-    pub(crate) verdict: Mutex<Option<oneshot::Sender<Verdict>>>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum State {
-    Waiting,
-    Claimed { token: String, until: Instant },
-    Settled,
-}
+/// A parked delivery: its job, its [`Delivery`], and where its verdict goes.
+pub(crate) type Parcel = Call<Delivery, Verdict>;
 
 /// The answer a parked delivery gets.
 #[derive(Debug)]
@@ -185,16 +164,11 @@ impl QStashBackend {
                 api,
                 verifier,
                 core: BrokerCore::new(records, scope),
-                waiting: Mutex::new(VecDeque::new()),
-                arrived: Notify::new(),
-                // Each delivery lapses on its own timer: nothing is left to drop by age.
-                held: Held::unbounded(),
+                parked: Parked::new(config.max_parked),
                 cursor: Mutex::new(Cursor::Start),
                 keys_read: config.signing_keys.is_none().then(|| Mutex::new(None)),
                 seal: Seal::new(&config.token),
-                parked: AtomicUsize::new(0),
                 refused: Mutex::new(HashMap::new()),
-                wanted: Mutex::new(Some(HashSet::new())),
                 flow: FlowHeaders::new(config.flow.clone(), &config.destination),
                 config,
             }),
@@ -251,8 +225,7 @@ impl QStashBackend {
     /// forgets payloads).
     #[cfg(feature = "test-hooks")]
     pub async fn holds_text(&self, text: &str) -> Result<bool> {
-        let parked = |d: &Arc<Delivery>| d.body.contains(text);
-        if lock(&self.inner.waiting).iter().any(parked) || self.inner.held.any(parked) {
+        if self.inner.parked.any(|d| d.body.contains(text)) {
             return Ok(true);
         }
         if self.inner.core.records().records_mention(self.inner.core.scope(), text).await? {
@@ -383,12 +356,8 @@ impl Enqueue for QStashBackend {
 impl QueueStats for QStashBackend {
     /// This process's deliveries only: QStash holds the rest and does not count them.
     async fn counts(&self) -> Result<Counts> {
-        Ok(Counts {
-            queued: lock(&self.inner.waiting).len() as u64,
-            running: self.inner.held.len() as u64,
-            scheduled: None,
-            oldest_ready: None,
-        })
+        let (waiting, claimed) = self.inner.parked.counts();
+        Ok(Counts { queued: waiting as u64, running: claimed as u64, scheduled: None, oldest_ready: None })
     }
 }
 

@@ -9,6 +9,7 @@
 //!
 //! Beside them are the parts every broker's claim path uses:
 //! - [`Held`]: the table of the messages this process holds, fenced by their lease tokens;
+//! - [`Parked`]: a push service's requests held open until a worker's verdict answers them;
 //! - the conversions between what a message carries and what the worker and the store see
 //!   ([`Envelope::into_job`](crate::kit::Envelope::into_job), [`FailureRecord::from_job`],
 //!   [`carried_job`] for a body that is not an envelope);
@@ -34,12 +35,14 @@ mod drain;
 mod held;
 mod history;
 mod jobs;
+mod parked;
 
 pub use self::convert::{Known, carried_job, dead_record};
 pub use self::dead_letters::{REPLAY_WINDOW, confirm_replay, withdraw_replay};
 pub use self::drain::drain;
 pub use self::held::{HELD_FOR, HELD_MAX, Held, TOKENS_KEPT};
 pub use self::history::{HISTORY, HISTORY_ERROR_LEN, HISTORY_ROOM, MAX_ERROR_LEN, add_error, clean, cut, last_error};
+pub use self::parked::{Call, Lapse, Parked, Slot};
 
 /// A message taken from the dead-letter queue by a drain, as the record it holds.
 #[derive(Debug)]
