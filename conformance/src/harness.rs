@@ -370,9 +370,15 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
         Self { name, caps: s.queue.capabilities(), s, script: Arc::default() }
     }
 
-    /// Whether enqueuing a key twice answers `Duplicate`.
+    /// Whether a key enqueued twice is delivered once (the second copy answered `Duplicate`, or
+    /// dropped unreported by the service).
     pub(crate) fn dedupe(&self) -> bool {
         self.caps.dedupe != Dedupe::None
+    }
+
+    /// Whether enqueuing a key twice answers `Duplicate`.
+    pub(crate) fn reports_duplicates(&self) -> bool {
+        matches!(self.caps.dedupe, Dedupe::Kept | Dedupe::Window(_))
     }
 
     /// The shortest lease worth asking for in the expiry scenarios.

@@ -63,6 +63,12 @@ pub enum Dedupe {
     /// FIFO: 5 minutes; QStash); a copy with another payload is delivered, and the effect ledger
     /// turns it into a key-conflict record.
     Window(Duration),
+    /// Within this window after the first, a second copy with the same payload is dropped by the
+    /// service, and the enqueue cannot tell: both answer [`Enqueued::Created`] (Inngest: an
+    /// event's `id` starts one run of a function for 24 hours, and its event API answers every
+    /// event alike). A copy with another payload is delivered, and the effect ledger turns it
+    /// into a key-conflict record.
+    Unreported(Duration),
     /// For as long as the first job is kept: a second copy answers
     /// [`Enqueued::Duplicate`] (Postgres, memory).
     Kept,

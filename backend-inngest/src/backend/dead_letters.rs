@@ -1,0 +1,89 @@
+//! `Broker` on Inngest. Inngest keeps no dead-letter queue to drain: a run that fails sends
+//! `inngest/function.failed`, which the queue's failure handler (the same endpoint) turns into a
+//! record in the store. A replay sends the record's job as a new event, under an id of its own.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use redrive_core::kit::AttemptError;
+use redrive_core::kit::broker::{Broker, BrokerCore, Drained, Known, carried_job, dead_record};
+use redrive_core::{Error, ErrorKind, FailureId, JobId, NewJob, Result};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use super::InngestBackend;
+
+impl InngestBackend {
+    /// Keeps the record of a run that failed, from its `inngest/function.failed` event: a run
+    /// the worker failed already has its record (the same id, the run's: kept once); one that
+    /// Inngest failed on its own (its calls again spent, each unanswered) gets one here, with the
+    /// original event's job, Inngest's error and the run's id. Another function's event is left.
+    pub(crate) async fn keep_failed_run(&self, failed: &Value) -> Result<()> {
+        let data = &failed["data"];
+        if data["function_id"].as_str() != Some(self.inner.config.function_id().as_str()) {
+            return Ok(());
+        }
+        let Some(run_id) = data["run_id"].as_str() else {
+            warn!("an inngest/function.failed event without a run id was left");
+            return Ok(());
+        };
+        let event = &data["event"];
+        let event_id = event["id"].as_str().unwrap_or(run_id).to_owned();
+        let body = serde_json::to_string(&event["data"]).unwrap_or_default();
+        let (env, undecodable) = carried_job("inngest", &event_id, &body, Known::default(), Utc::now());
+        let error = match &data["error"] {
+            Value::String(s) => s.clone(),
+            error => error["message"].as_str().map_or_else(|| error.to_string(), str::to_owned),
+        };
+        let error = redrive_core::kit::broker::last_error(&format!("Inngest failed the run: {error}"));
+        let attempts = self.inner.config.retries + 1;
+        let errors = vec![AttemptError { attempt: attempts, at: Utc::now(), error: error.clone() }];
+        let mut record =
+            dead_record((FailureId(run_id.to_owned()), JobId(event_id)), env, error, errors, attempts, Utc::now());
+        if let Some(why) = undecodable {
+            record.last_error = redrive_core::kit::broker::last_error(&format!("{}; {why}", record.last_error));
+        }
+        if self.inner.core.keep(&record).await? > 0 {
+            info!(record = %record.id, kind = %record.kind, key = %record.key, "a run Inngest failed is kept as a record");
+        }
+        Ok(())
+    }
+
+    /// A replayed job's event id: the job's, and the record's. Not the job's alone (Inngest
+    /// would drop it within its 24 hours), and one replay of the record sends one run however
+    /// often it is tried.
+    fn replay_id(&self, job: &NewJob, record: &FailureId) -> String {
+        redrive_core::kit::payload_fingerprint(&json!([self.event_id(job), record.0]))
+    }
+}
+
+impl Broker for InngestBackend {
+    fn core(&self) -> &BrokerCore {
+        &self.inner.core
+    }
+
+    /// Nothing to drain: failed runs reach the store through the failure handler.
+    async fn receive_dead(&self, _hide: Duration) -> Result<Vec<Drained>> {
+        Ok(Vec::new())
+    }
+
+    async fn delete_dead(&self, _drained: &[Drained]) -> Result<()> {
+        Ok(())
+    }
+
+    async fn show_dead_again(&self, _drained: &[Drained]) {}
+
+    fn check_job(&self, job: &NewJob) -> Result<()> {
+        job.check_fits(&<Self as redrive_core::kit::Backend>::capabilities(self))?;
+        if job.cap == 0 {
+            return Err(Error::new(ErrorKind::Config, "Inngest: a job needs at least one attempt"));
+        }
+        Ok(())
+    }
+
+    async fn send_replay(&self, job: &NewJob, record: &FailureId) -> Result<JobId> {
+        let id = self.replay_id(job, record);
+        let sent = self.send(std::slice::from_ref(job), vec![id]).await?;
+        Ok(sent.into_iter().next().map(|e| e.id().clone()).unwrap_or_else(|| JobId(String::new())))
+    }
+}

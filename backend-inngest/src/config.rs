@@ -1,0 +1,206 @@
+//! The backend's settings.
+
+use std::fmt;
+use std::time::Duration;
+
+use redrive_core::{Error, ErrorKind, Result};
+
+/// How to reach Inngest, and how the serve endpoint checks what it calls with.
+#[derive(Clone)]
+pub struct InngestConfig {
+    pub(crate) event_key: String,
+    pub(crate) signing_key: String,
+    pub(crate) signing_key_fallback: Option<String>,
+    pub(crate) serve_url: String,
+    pub(crate) app_id: String,
+    pub(crate) queue: String,
+    pub(crate) api_url: String,
+    pub(crate) event_api_url: String,
+    pub(crate) call_timeout: Duration,
+    pub(crate) park_limit: Duration,
+    pub(crate) max_parked: usize,
+    pub(crate) leeway: Duration,
+    pub(crate) max_event: usize,
+    pub(crate) retries: u32,
+    pub(crate) unclaimed_rounds: u32,
+    pub(crate) plain_http: bool,
+}
+
+impl fmt::Debug for InngestConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InngestConfig")
+            .field("app_id", &self.app_id)
+            .field("queue", &self.queue)
+            .field("api_url", &self.api_url)
+            .field("event_api_url", &self.event_api_url)
+            .field("call_timeout", &self.call_timeout)
+            .field("max_parked", &self.max_parked)
+            .field("max_event", &self.max_event)
+            .field("retries", &self.retries)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Inngest's API and event API.
+const API_URL: &str = "https://api.inngest.com";
+const EVENT_API_URL: &str = "https://inn.gs";
+/// The most retries Inngest allows a function.
+pub(crate) const MAX_RETRIES: u32 = 20;
+
+impl InngestConfig {
+    /// A backend sending events with `event_key`, whose serve endpoint
+    /// ([`InngestBackend::endpoint`](crate::InngestBackend::endpoint)) is mounted at `serve_url`
+    /// (https) and checks calls with `signing_key` (`signkey-<env>-<hex>`, from Inngest's
+    /// dashboard). App `redrive`, queue `jobs`.
+    pub fn new(event_key: impl Into<String>, signing_key: impl Into<String>, serve_url: impl Into<String>) -> Self {
+        Self {
+            event_key: event_key.into(),
+            signing_key: signing_key.into(),
+            signing_key_fallback: None,
+            serve_url: serve_url.into(),
+            app_id: "redrive".into(),
+            queue: "jobs".into(),
+            api_url: API_URL.into(),
+            event_api_url: EVENT_API_URL.into(),
+            call_timeout: Duration::from_secs(60),
+            park_limit: Duration::from_secs(20),
+            max_parked: 256,
+            leeway: Duration::from_secs(300),
+            max_event: 256 * 1024,
+            retries: 4,
+            unclaimed_rounds: 20,
+            plain_http: false,
+        }
+    }
+
+    /// The Inngest app the functions belong to (`redrive`).
+    pub fn with_app_id(mut self, app_id: impl Into<String>) -> Self {
+        self.app_id = app_id.into();
+        self
+    }
+
+    /// The queue: its jobs are the events `redrive/<queue>`, run by the function
+    /// `<app>-<queue>` (`jobs`).
+    pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// Another Inngest, both APIs at one URL (the emulator, a self-hosted server).
+    pub fn with_base_url(mut self, url: impl Into<String>) -> Self {
+        let url = url.into().trim_end_matches('/').to_owned();
+        self.event_api_url = url.clone();
+        self.api_url = url;
+        self
+    }
+
+    /// The signing key after a rotation's first step: calls signed with either are accepted.
+    pub fn with_signing_key_fallback(mut self, key: impl Into<String>) -> Self {
+        self.signing_key_fallback = Some(key.into());
+        self
+    }
+
+    /// How long Inngest waits for the endpoint's answer to a call (60 s): a handler cannot hold
+    /// its call longer, renewals stop there. Keep it within what Inngest and any proxy allow.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// How long a call waits for a worker of this process to claim it (20 s) before it is
+    /// answered with a sleep of none, at no attempt's cost: Inngest calls again.
+    pub fn with_park_limit(mut self, limit: Duration) -> Self {
+        self.park_limit = limit;
+        self
+    }
+
+    /// The most calls the endpoint holds open at once (256); past it a call is answered with a
+    /// short sleep at no attempt's cost.
+    pub fn with_max_parked(mut self, max: usize) -> Self {
+        self.max_parked = max.max(1);
+        self
+    }
+
+    /// How far a call's signature time may be from this machine's clock (5 minutes, as the SDKs).
+    pub fn with_leeway(mut self, leeway: Duration) -> Self {
+        self.leeway = leeway;
+        self
+    }
+
+    /// The largest event Inngest takes on your plan (256 KiB).
+    pub fn with_max_event(mut self, bytes: usize) -> Self {
+        self.max_event = bytes;
+        self
+    }
+
+    /// How many times Inngest calls again when a call gets no answer (a crash, a timeout), each
+    /// an attempt of the job (4, at most 20). The worker's retries ride in the run's steps and do
+    /// not use these.
+    pub fn with_retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// How many times a call no worker of this process takes goes back before it becomes a
+    /// record (20): a kind nothing here handles.
+    pub fn with_unclaimed_rounds(mut self, rounds: u32) -> Self {
+        self.unclaimed_rounds = rounds.max(1);
+        self
+    }
+
+    /// Allows `http://` URLs (the emulator, tests); refused otherwise.
+    pub fn allow_plain_http(mut self) -> Self {
+        self.plain_http = true;
+        self
+    }
+
+    /// The events' name: `redrive/<queue>`.
+    pub(crate) fn event_name(&self) -> String {
+        format!("redrive/{}", self.queue)
+    }
+
+    /// The function that runs the queue's jobs: `<app>-<queue>`.
+    pub(crate) fn function_id(&self) -> String {
+        format!("{}-{}", self.app_id, self.queue)
+    }
+
+    /// Its failure handler: `<app>-<queue>-failure`.
+    pub(crate) fn failure_id(&self) -> String {
+        format!("{}-failure", self.function_id())
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        let config = |message: String| Err(Error::new(ErrorKind::Config, message));
+        if self.event_key.trim().is_empty() {
+            return config("Inngest: the event key is empty (INNGEST_EVENT_KEY)".into());
+        }
+        for (what, key) in std::iter::once(("signing key", &self.signing_key))
+            .chain(self.signing_key_fallback.iter().map(|k| ("fallback signing key", k)))
+        {
+            let body = crate::signature::key_body(key);
+            if body.is_empty() || hex::decode(body).is_err() {
+                return config(format!(
+                    "Inngest: the {what} is not `signkey-<env>-<hex>` (INNGEST_SIGNING_KEY); an empty key would accept forged calls"
+                ));
+            }
+        }
+        for (what, name) in [("app id", &self.app_id), ("queue", &self.queue)] {
+            redrive_core::key::check_name(what, name)?;
+        }
+        for (what, url) in
+            [("serve URL", &self.serve_url), ("API URL", &self.api_url), ("event API URL", &self.event_api_url)]
+        {
+            let allowed = url.starts_with("https://") || (self.plain_http && url.starts_with("http://"));
+            if !allowed {
+                return config(format!("Inngest: the {what} must be https:// (allow_plain_http for local work)"));
+            }
+        }
+        if self.serve_url.contains('?') {
+            return config("Inngest: the serve URL takes no query: the functions' parameters go there".into());
+        }
+        if self.retries > MAX_RETRIES {
+            return config(format!("Inngest: at most {MAX_RETRIES} retries, asked for {}", self.retries));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,205 @@
+//! The serve endpoint Inngest calls: `POST` runs the queue's function (the call parked for the
+//! workers, answered with their verdict) or its failure handler (a record kept); `PUT` is
+//! Inngest's sync (the functions registered); `GET` answers a signed look. Every call's
+//! signature is checked on the raw body before anything parses it; every answer is signed.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, get};
+use chrono::Utc;
+use redrive_core::JobId;
+use redrive_core::kit::broker::{Known, carried_job};
+use serde_json::{Map, Value, json};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::backend::{InngestBackend, Parcel, Verdict};
+use crate::signature;
+use crate::steps::{Mark, Progress, mark_op, wait_op};
+
+/// The SDK this endpoint answers as (Inngest takes a 2xx without it for something else's).
+const SDK: &str = concat!("rust:redrive-inngest:v", env!("CARGO_PKG_VERSION"));
+/// Bytes a call carries beside its event: the steps, the context.
+const CALL_ROOM: usize = 256 * 1024;
+
+impl InngestBackend {
+    /// The endpoint Inngest calls, for `Router::route(path, backend.endpoint())` at the path of
+    /// the configured serve URL.
+    ///
+    /// A call without a valid `X-Inngest-Signature` (the signing key or its fallback, within the
+    /// leeway) gets 401 and runs nothing; a body over the event limit 413. A verified call of the
+    /// queue's function waits for a worker of this process and gets its verdict: 200 done, 206
+    /// with a step (a retry's or a deferral's mark, then its sleep), 400 with
+    /// `X-Inngest-No-Retry: true` to fail the run (its record written first). A call of the
+    /// failure handler keeps the failed run's record.
+    pub fn endpoint(&self) -> MethodRouter {
+        get(look).put(sync).post(call).with_state(self.clone())
+    }
+}
+
+fn refuse(status: StatusCode, why: &str) -> Response {
+    let mut response = (status, json!({ "message": why }).to_string()).into_response();
+    response.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
+    response
+}
+
+/// An answer as the SDKs send it: their headers, the body signed with the signing key.
+fn answer(backend: &InngestBackend, status: StatusCode, body: &Value, no_retry: Option<bool>) -> Response {
+    let bytes = body.to_string();
+    let signature = signature::sign(&backend.inner.config.signing_key, bytes.as_bytes(), Utc::now().timestamp());
+    let mut response = (status, bytes).into_response();
+    let headers = response.headers_mut();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.insert("x-inngest-sdk", HeaderValue::from_static(SDK));
+    headers.insert("x-inngest-req-version", HeaderValue::from_static("1"));
+    headers.insert("x-inngest-framework", HeaderValue::from_static("axum"));
+    if let Some(no_retry) = no_retry {
+        headers.insert("x-inngest-no-retry", HeaderValue::from_static(if no_retry { "true" } else { "false" }));
+    }
+    if let Ok(value) = HeaderValue::from_str(&signature) {
+        headers.insert("x-inngest-signature", value);
+    }
+    response
+}
+
+fn respond(backend: &InngestBackend, verdict: Verdict) -> Response {
+    match verdict {
+        Verdict::Done => answer(backend, StatusCode::OK, &Value::Null, None),
+        Verdict::Ops(ops) => answer(backend, StatusCode::PARTIAL_CONTENT, &Value::Array(ops), None),
+        Verdict::Fail(error) => {
+            answer(backend, StatusCode::BAD_REQUEST, &json!({ "name": "Error", "message": error }), Some(true))
+        }
+        Verdict::Again(error) => answer(
+            backend,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &json!({ "name": "Error", "message": error }),
+            Some(false),
+        ),
+    }
+}
+
+/// The body, read up to the limit, and its signature checked; or the refusal.
+async fn verified(backend: &InngestBackend, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
+    let config = &backend.inner.config;
+    let Ok(body) = axum::body::to_bytes(body, config.max_event + CALL_ROOM).await else {
+        return Err(refuse(StatusCode::PAYLOAD_TOO_LARGE, "the call is over the event size limit"));
+    };
+    let keys: Vec<&str> =
+        std::iter::once(config.signing_key.as_str()).chain(config.signing_key_fallback.as_deref()).collect();
+    let header = headers.get("x-inngest-signature").and_then(|v| v.to_str().ok());
+    let leeway = config.leeway.as_secs() as i64;
+    if let Err(why) = signature::verify(&keys, header, &body, Utc::now().timestamp(), leeway) {
+        warn!(why, "an Inngest call was refused: its signature does not hold");
+        return Err(refuse(StatusCode::UNAUTHORIZED, why));
+    }
+    Ok(body)
+}
+
+/// `GET`: what the endpoint serves, to a signed look only.
+async fn look(State(backend): State<InngestBackend>, headers: HeaderMap) -> Response {
+    if let Err(refused) = verified(&backend, &headers, Body::empty()).await {
+        return refused;
+    }
+    answer(&backend, StatusCode::OK, &json!({ "function_count": 2, "has_signing_key": true, "mode": "cloud" }), None)
+}
+
+/// `PUT`: Inngest's sync. A signature, where one comes, must hold; the functions registered are
+/// this configuration's whoever asks.
+async fn sync(State(backend): State<InngestBackend>, headers: HeaderMap, body: Body) -> Response {
+    if headers.contains_key("x-inngest-signature")
+        && let Err(refused) = verified(&backend, &headers, body).await
+    {
+        return refused;
+    }
+    match backend.sync().await {
+        Ok(()) => {
+            let mut response = answer(&backend, StatusCode::OK, &json!({ "message": "Successfully registered" }), None);
+            response.headers_mut().insert("x-inngest-sync-kind", HeaderValue::from_static("out_of_band"));
+            response
+        }
+        Err(e) => {
+            warn!(error = %e, "the functions could not be registered with Inngest");
+            refuse(StatusCode::INTERNAL_SERVER_ERROR, "the functions could not be registered")
+        }
+    }
+}
+
+async fn call(
+    State(backend): State<InngestBackend>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let body = match verified(&backend, &headers, body).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
+    let Ok(request) = serde_json::from_slice::<Value>(&body) else {
+        return answer(&backend, StatusCode::BAD_REQUEST, &json!({ "message": "the call is not JSON" }), Some(true));
+    };
+    let config = &backend.inner.config;
+    let function = query.get("fnId").map(String::as_str).unwrap_or_default();
+    if function == config.failure_id() {
+        return match backend.keep_failed_run(&request["event"]).await {
+            Ok(()) => answer(&backend, StatusCode::OK, &Value::Null, None),
+            // Inngest calls the handler again: the record is not lost.
+            Err(e) => {
+                warn!(error = %e, "a failed run's record could not be kept; Inngest calls again");
+                answer(&backend, StatusCode::INTERNAL_SERVER_ERROR, &json!({ "message": e.message() }), Some(false))
+            }
+        };
+    }
+    if function != config.function_id() {
+        return answer(&backend, StatusCode::NOT_FOUND, &json!({ "message": "no such function here" }), Some(true));
+    }
+    run(&backend, &request).await
+}
+
+/// A call of the queue's function: its pending sleep, or its job parked for a worker.
+async fn run(backend: &InngestBackend, request: &Value) -> Response {
+    let config = &backend.inner.config;
+    let empty = Map::new();
+    let progress = Progress::read(request["steps"].as_object().unwrap_or(&empty));
+    if let Some(wait) = progress.pending {
+        // A mark's sleep: no worker is asked.
+        return respond(backend, Verdict::Ops(vec![wait_op(progress.steps, wait)]));
+    }
+    let event = &request["event"];
+    let run_id = request["ctx"]["run_id"].as_str().unwrap_or_default().to_owned();
+    let event_id = event["id"].as_str().unwrap_or(&run_id).to_owned();
+    let text = serde_json::to_string(&event["data"]).unwrap_or_default();
+    let (env, undecodable) = carried_job("inngest", &event_id, &text, Known::default(), Utc::now());
+    let ctx_attempt = request["ctx"]["attempt"].as_u64().unwrap_or(0) as u32;
+    // Inngest's calls again count up to one past the attempts the job has left: a call past
+    // its cap (the last attempt's worker died) is made a record by the worker, never run.
+    let left = env.cap.saturating_sub(progress.spent);
+    let attempt = progress.attempt(ctx_attempt.min(left));
+    // A job scheduled for later sleeps until then first, at no attempt's cost.
+    if let Some(at) = env.not_before.filter(|at| *at > Utc::now()) {
+        let wait = (at - Utc::now()).to_std().unwrap_or_default().max(Duration::from_millis(1));
+        let mark = Mark { spent: attempt - 1, error: None, wait, unclaimed: 0 };
+        return respond(backend, Verdict::Ops(vec![mark_op(progress.steps, &mark)]));
+    }
+    let job = env.into_job(JobId(event_id), attempt, undecodable);
+    let Some(_slot) = backend.inner.parked.slot() else {
+        warn!(bound = config.max_parked, "an Inngest call was handed back: the endpoint holds its bound of calls");
+        let mark =
+            Mark { spent: attempt - 1, error: None, wait: Duration::from_secs(1), unclaimed: progress.unclaimed };
+        return respond(backend, Verdict::Ops(vec![mark_op(progress.steps, &mark)]));
+    };
+    debug!(job = %job.id, kind = %job.kind, key = %job.key, attempt, "Inngest call parked");
+    let now = Instant::now();
+    let timeout = config.call_timeout;
+    let answer_by = now + timeout - (timeout / 10).min(Duration::from_secs(5));
+    let (call, verdict) =
+        backend.inner.parked.park(job, Parcel { run_id, progress, body: text }, answer_by, now + config.park_limit);
+    match backend.inner.parked.verdict(&call, verdict, "Inngest", |lapse| backend.lapsed(&call, lapse)).await {
+        Some(verdict) => respond(backend, verdict),
+        None => respond(backend, Verdict::Again("no verdict".into())),
+    }
+}
