@@ -1,5 +1,5 @@
 //! One backend named by a URL at run time, as sqlx's `any`: `postgres://…`, `sqlite://PATH`,
-//! `sqs://QUEUE`, `azure://QUEUE`, `qstash://HOST/PATH`.
+//! `sqs://QUEUE`, `azure://QUEUE`, `qstash://HOST/PATH`, `inngest://HOST/PATH`.
 //!
 //! ```no_run
 //! # async fn run() -> redrive::Result<()> {
@@ -12,7 +12,7 @@
 //!
 //! The `redrive` command and its dashboard reach every backend through this module, and an
 //! application that takes its queue from configuration can too. Each scheme is there when its
-//! feature is on; a broker (SQS, Azure, QStash) keeps its failure records in a PostgreSQL
+//! feature is on; a broker (SQS, Azure, QStash, Inngest) keeps its failure records in a PostgreSQL
 //! database ([`AnyOptions::with_records`]), so its scheme needs the `postgres` feature as well.
 //! Credentials come from the environment, as each backend's SDK reads them:
 //!
@@ -23,6 +23,7 @@
 //! | `sqs://QUEUE` | Amazon SQS | AWS's usual variables; `REDRIVE_SQS_ENDPOINT` (moto) |
 //! | `azure://QUEUE` | Azure Queue Storage | `AZURE_STORAGE_CONNECTION_STRING` |
 //! | `qstash://HOST/PATH` | Upstash QStash, the workers' receiver at `https://HOST/PATH` (`qstash+http://` for plain http, the emulator) | `QSTASH_TOKEN`, `QSTASH_URL` |
+//! | `inngest://HOST/PATH?app=APP` | Inngest, the workers' serve endpoint at `https://HOST/PATH` (`inngest+http://` for plain http, the emulator); app `redrive` unless named | `INNGEST_EVENT_KEY`, `INNGEST_SIGNING_KEY`, `INNGEST_SIGNING_KEY_FALLBACK`, `INNGEST_BASE_URL` |
 //!
 //! # Flow control
 //!
@@ -94,6 +95,10 @@ pub enum AnyBackend {
     #[cfg(feature = "pgmq")]
     #[cfg_attr(docsrs, doc(cfg(feature = "pgmq")))]
     Pgmq(redrive_pgmq::PgmqBackend, redrive_postgres::PgBackend),
+    /// Inngest, and the database of its failure records and flow control.
+    #[cfg(all(feature = "inngest", feature = "postgres"))]
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "inngest", feature = "postgres"))))]
+    Inngest(redrive_inngest::InngestBackend, redrive_postgres::PgBackend),
 }
 
 /// Runs the same call on whichever backend it is.
@@ -112,6 +117,8 @@ macro_rules! on {
             AnyBackend::QStash(ref $b, _) => $call,
             #[cfg(feature = "pgmq")]
             AnyBackend::Pgmq(ref $b, _) => $call,
+            #[cfg(all(feature = "inngest", feature = "postgres"))]
+            AnyBackend::Inngest(ref $b, _) => $call,
         }
     };
 }
@@ -133,6 +140,8 @@ macro_rules! flow {
             AnyBackend::QStash(_, ref $f) => $call,
             #[cfg(feature = "pgmq")]
             AnyBackend::Pgmq(_, ref $f) => $call,
+            #[cfg(all(feature = "inngest", feature = "postgres"))]
+            AnyBackend::Inngest(_, ref $f) => $call,
         }
     };
 }
@@ -153,6 +162,8 @@ impl AnyBackend {
             Self::QStash(..) => "qstash",
             #[cfg(feature = "pgmq")]
             Self::Pgmq(..) => "pgmq",
+            #[cfg(all(feature = "inngest", feature = "postgres"))]
+            Self::Inngest(..) => "inngest",
         }
     }
 }
@@ -181,6 +192,11 @@ pub const SCHEMES: &[Scheme] = &[
         built: cfg!(all(feature = "qstash", feature = "postgres")),
     },
     Scheme { names: &["pgmq"], features: "pgmq", built: cfg!(feature = "pgmq") },
+    Scheme {
+        names: &["inngest", "inngest+http"],
+        features: "inngest, postgres",
+        built: cfg!(all(feature = "inngest", feature = "postgres")),
+    },
 ];
 
 /// A URL scheme of [`SCHEMES`].
@@ -321,6 +337,14 @@ impl AnyOptions {
                     redrive_qstash::QStashBackend::connect(config, std::sync::Arc::new(records.clone())).await?;
                 Ok(AnyBackend::QStash(queue, records))
             }
+            #[cfg(all(feature = "inngest", feature = "postgres"))]
+            "inngest" | "inngest+http" => {
+                let config = inngest_config_at(scheme, rest)?;
+                let records = self.records(scheme).await?;
+                let queue =
+                    redrive_inngest::InngestBackend::connect(config, std::sync::Arc::new(records.clone())).await?;
+                Ok(AnyBackend::Inngest(queue, records))
+            }
             other => {
                 let _ = rest;
                 Err(unknown_scheme(Some(other)))
@@ -355,13 +379,19 @@ impl AnyOptions {
             "qstash" | "qstash+http" => {
                 self.beside_records(self.qstash_config(scheme, rest)?.doctor(expect).await?, expect).await
             }
+            // Its settings are checked at connect; the records database is what there is to read.
+            #[cfg(feature = "inngest")]
+            "inngest" | "inngest+http" => {
+                inngest_config_at(scheme, rest)?;
+                self.beside_records(Vec::new(), expect).await
+            }
             other => Err(unknown_scheme(Some(other))),
         }
     }
 
     /// A broker's checks, and its records database's beside them: where its records, their
     /// alerts and its ledger are kept.
-    #[cfg(any(feature = "sqs", feature = "azure", feature = "qstash"))]
+    #[cfg(any(feature = "sqs", feature = "azure", feature = "qstash", feature = "inngest"))]
     async fn beside_records(
         &self,
         mut checks: Vec<crate::doctor::Check>,
@@ -399,7 +429,10 @@ impl AnyOptions {
     }
 
     /// The database a broker keeps its failure records in.
-    #[cfg(all(feature = "postgres", any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq")))]
+    #[cfg(all(
+        feature = "postgres",
+        any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq", feature = "inngest")
+    ))]
     async fn records(&self, scheme: &str) -> Result<redrive_postgres::PgBackend> {
         let url = self.records.as_deref().ok_or_else(|| {
             config_error(format!(
@@ -441,6 +474,35 @@ fn qstash_config_at(scheme: &str, rest: &str, max_retries: Option<u32>) -> Resul
     }
     if let Some(retries) = max_retries {
         config = config.with_max_retries(retries);
+    }
+    Ok(config)
+}
+
+/// The Inngest settings of `inngest://HOST/PATH?app=APP` (`inngest+http://` for the emulator): the
+/// serve endpoint the workers mount, the app (its records are scoped by it), `INNGEST_EVENT_KEY`, `INNGEST_SIGNING_KEY` (and its fallback), and
+/// `INNGEST_BASE_URL` when set.
+#[cfg(feature = "inngest")]
+fn inngest_config_at(scheme: &str, rest: &str) -> Result<redrive_inngest::InngestConfig> {
+    let plain = scheme == "inngest+http";
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let serve_url = format!("{}://{path}", if plain { "http" } else { "https" });
+    let var = |name: &str| std::env::var(name).map_err(|_| config_error(format!("inngest:// needs {name}")));
+    let mut config =
+        redrive_inngest::InngestConfig::new(var("INNGEST_EVENT_KEY")?, var("INNGEST_SIGNING_KEY")?, serve_url);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        config = match pair.split_once('=') {
+            Some(("app", app)) => config.with_app_id(app),
+            _ => return Err(config_error("inngest:// takes one parameter, app")),
+        };
+    }
+    if let Ok(fallback) = std::env::var("INNGEST_SIGNING_KEY_FALLBACK") {
+        config = config.with_signing_key_fallback(fallback);
+    }
+    if let Ok(base) = std::env::var("INNGEST_BASE_URL") {
+        config = config.with_base_url(base);
+    }
+    if plain {
+        config = config.allow_plain_http();
     }
     Ok(config)
 }

@@ -21,6 +21,7 @@ pub use redrive_core::*;
     feature = "sqs",
     feature = "azure",
     feature = "qstash",
+    feature = "inngest",
     feature = "pgmq"
 ))]
 #[cfg_attr(
@@ -31,6 +32,7 @@ pub use redrive_core::*;
         feature = "sqs",
         feature = "azure",
         feature = "qstash",
+        feature = "inngest",
         feature = "pgmq"
     )))
 )]
@@ -70,6 +72,14 @@ pub mod azure {
 #[cfg_attr(docsrs, doc(cfg(feature = "qstash")))]
 pub mod qstash {
     pub use redrive_qstash::*;
+}
+
+/// Inngest: jobs sent as events under a stable id, a signed serve endpoint feeding the same
+/// handlers, failed runs as failure records in your database.
+#[cfg(feature = "inngest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "inngest")))]
+pub mod inngest {
+    pub use redrive_inngest::*;
 }
 
 /// pgmq (Supabase Queues): its queues in your PostgreSQL database, settlements fenced on the

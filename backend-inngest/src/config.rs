@@ -13,7 +13,6 @@ pub struct InngestConfig {
     pub(crate) signing_key_fallback: Option<String>,
     pub(crate) serve_url: String,
     pub(crate) app_id: String,
-    pub(crate) queue: String,
     pub(crate) api_url: String,
     pub(crate) event_api_url: String,
     pub(crate) call_timeout: Duration,
@@ -30,7 +29,6 @@ impl fmt::Debug for InngestConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InngestConfig")
             .field("app_id", &self.app_id)
-            .field("queue", &self.queue)
             .field("api_url", &self.api_url)
             .field("event_api_url", &self.event_api_url)
             .field("call_timeout", &self.call_timeout)
@@ -59,7 +57,6 @@ impl InngestConfig {
             signing_key_fallback: None,
             serve_url: serve_url.into(),
             app_id: "redrive".into(),
-            queue: "jobs".into(),
             api_url: API_URL.into(),
             event_api_url: EVENT_API_URL.into(),
             call_timeout: Duration::from_secs(60),
@@ -73,16 +70,12 @@ impl InngestConfig {
         }
     }
 
-    /// The Inngest app the functions belong to (`redrive`).
+    /// The Inngest app (`redrive`): one serve endpoint, one queue. Its jobs are the events
+    /// `redrive/<app>`, run by the function `<app>-jobs`, and its records are kept apart from
+    /// other apps'. A sync replaces the app's functions, so two queues are two apps, each at its
+    /// own endpoint.
     pub fn with_app_id(mut self, app_id: impl Into<String>) -> Self {
         self.app_id = app_id.into();
-        self
-    }
-
-    /// The queue: its jobs are the events `redrive/<queue>`, run by the function
-    /// `<app>-<queue>` (`jobs`).
-    pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
-        self.queue = queue.into();
         self
     }
 
@@ -154,17 +147,17 @@ impl InngestConfig {
         self
     }
 
-    /// The events' name: `redrive/<queue>`.
+    /// The events' name: `redrive/<app>`.
     pub(crate) fn event_name(&self) -> String {
-        format!("redrive/{}", self.queue)
+        format!("redrive/{}", self.app_id)
     }
 
-    /// The function that runs the queue's jobs: `<app>-<queue>`.
+    /// The function that runs the app's jobs: `<app>-jobs`.
     pub(crate) fn function_id(&self) -> String {
-        format!("{}-{}", self.app_id, self.queue)
+        format!("{}-jobs", self.app_id)
     }
 
-    /// Its failure handler: `<app>-<queue>-failure`.
+    /// Its failure handler: `<app>-jobs-failure`.
     pub(crate) fn failure_id(&self) -> String {
         format!("{}-failure", self.function_id())
     }
@@ -184,9 +177,7 @@ impl InngestConfig {
                 ));
             }
         }
-        for (what, name) in [("app id", &self.app_id), ("queue", &self.queue)] {
-            redrive_core::key::check_name(what, name)?;
-        }
+        redrive_core::key::check_name("Inngest app id", &self.app_id)?;
         for (what, url) in
             [("serve URL", &self.serve_url), ("API URL", &self.api_url), ("event API URL", &self.event_api_url)]
         {

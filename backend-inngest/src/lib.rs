@@ -9,7 +9,7 @@
 //!
 //! | ability | how |
 //! |---|---|
-//! | enqueue | one event per job, `redrive/<queue>`, the [envelope](redrive_core::kit::Envelope) as its `data`, its `id` a hash of the app, queue, key and payload's fingerprint; 100 events a request for many |
+//! | enqueue | one event per job, `redrive/<app>`, the [envelope](redrive_core::kit::Envelope) as its `data`, its `id` a hash of the app, the key and the payload's fingerprint; 100 events a request for many |
 //! | dedupe | Inngest runs a function once for an event id for 24 hours, and its event API answers a copy as it answers the first: [`Dedupe::Unreported`](redrive_core::kit::Dedupe::Unreported) (24 h). A copy with another payload has another id, runs, and becomes a key-conflict record |
 //! | claim | push: [`InngestBackend::endpoint`] checks `X-Inngest-Signature` (the signing key or its fallback, 5 minutes' leeway) on the raw body and parks the call, at most [`InngestConfig::with_max_parked`] at once, until a worker's verdict answers it |
 //! | attempt | the run's memoized steps: each retry or deferral answers first with a mark (a `StepRun` holding the attempts spent and the error) and then its sleep; the attempt is the last mark's spent attempts, plus Inngest's calls again since (`ctx.attempt`: calls that got no answer), plus one |
@@ -19,7 +19,7 @@
 //! | release | back to this process's waiting calls (no request) |
 //! | renew | the parked call waits longer, up to [`InngestConfig::with_call_timeout`] |
 //! | dead letter | the record written to the store (its id the run's), then 400 with `X-Inngest-No-Retry: true`: the run fails |
-//! | failure records | the store ([`RecordStore`](redrive_core::kit::RecordStore), your database), scoped to the app and queue; a run Inngest fails on its own (its calls again spent on crashes) reaches the queue's failure handler (`<app>-<queue>-failure`, on `inngest/function.failed`), which keeps its record with the original event's job, Inngest's error and the run's id |
+//! | failure records | the store ([`RecordStore`](redrive_core::kit::RecordStore), your database), scoped to the app; a run Inngest fails on its own (its calls again spent on crashes) reaches the app's failure handler (`<app>-jobs-failure`, on `inngest/function.failed`), which keeps its record with the original event's job, Inngest's error and the run's id |
 //! | replay | take the record, send its job as a new event under an id of the job's and the record's (the job's own is inside Inngest's 24 hours and would be dropped), close the record |
 //! | effect ledger | not here: pass your database's (e.g. `redrive-postgres`) to the worker |
 //!

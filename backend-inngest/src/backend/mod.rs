@@ -70,13 +70,12 @@ pub(crate) enum Verdict {
 
 impl InngestBackend {
     /// Connects: checks the configuration and the record store. `records` keeps the failure
-    /// records (your database: `redrive-postgres` or `redrive-sqlite`), scoped to this app and
-    /// queue. Register the functions with [`sync`](Self::sync) or let Inngest's sync reach the
+    /// records (your database: `redrive-postgres` or `redrive-sqlite`), scoped to this app. Register the functions with [`sync`](Self::sync) or let Inngest's sync reach the
     /// endpoint.
     pub async fn connect(config: InngestConfig, records: Arc<dyn RecordStore>) -> Result<Self> {
         config.check()?;
         let api = Api::new(&config)?;
-        let scope = format!("inngest:{}/{}", config.app_id, config.queue);
+        let scope = format!("inngest:{}", config.app_id);
         let core = BrokerCore::new(records, scope);
         core.check_store().await?;
         Ok(Self { inner: Arc::new(Inner { api, parked: Parked::new(config.max_parked), config, core }) })
@@ -109,9 +108,9 @@ impl InngestBackend {
             "framework": "axum",
             "appName": config.app_id,
             "functions": [
-                { "id": function, "name": format!("redrive {}", config.queue),
+                { "id": function, "name": "redrive jobs",
                   "triggers": [{ "event": config.event_name() }], "steps": step(&function, config.retries) },
-                { "id": failure, "name": format!("redrive {} (failure)", config.queue),
+                { "id": failure, "name": "redrive jobs (failure)",
                   "triggers": [{ "event": "inngest/function.failed",
                                  "expression": format!("event.data.function_id == '{function}'") }],
                   "steps": step(&failure, 1) },
