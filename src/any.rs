@@ -621,7 +621,7 @@ impl Jobs for AnyBackend {
             AnyBackend::Sqlite(ref b) => b.cancel_key(key, reason, actor).await,
             #[cfg(all(
                 feature = "postgres",
-                any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq")
+                any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq", feature = "inngest")
             ))]
             _ => {
                 let ledger = self.broker_ledger().expect("every other variant is a broker's");
@@ -642,7 +642,7 @@ impl Forget for AnyBackend {
             AnyBackend::Sqlite(ref b) => b.forget_key(key).await,
             #[cfg(all(
                 feature = "postgres",
-                any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq")
+                any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq", feature = "inngest")
             ))]
             _ => self.broker_ledger().expect("every other variant is a broker's").forget_key(key).await,
         }
@@ -651,7 +651,10 @@ impl Forget for AnyBackend {
 
 impl AnyBackend {
     /// A broker's records database, its workers' ledger.
-    #[cfg(all(feature = "postgres", any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq")))]
+    #[cfg(all(
+        feature = "postgres",
+        any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq", feature = "inngest")
+    ))]
     fn broker_ledger(&self) -> Option<&redrive_postgres::PgBackend> {
         match *self {
             #[cfg(all(feature = "sqs", feature = "postgres"))]
@@ -662,6 +665,8 @@ impl AnyBackend {
             AnyBackend::QStash(_, ref records) => Some(records),
             #[cfg(feature = "pgmq")]
             AnyBackend::Pgmq(_, ref records) => Some(records),
+            #[cfg(all(feature = "inngest", feature = "postgres"))]
+            AnyBackend::Inngest(_, ref records) => Some(records),
             #[allow(unreachable_patterns)]
             _ => None,
         }

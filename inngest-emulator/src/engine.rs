@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     pub(crate) http: reqwest::Client,
     pub(crate) event_requests: AtomicU64,
     pub(crate) next_id: AtomicU64,
+    /// Each function's concurrency limit, as calls in flight.
+    pub(crate) limits: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl Shared {
@@ -323,8 +325,21 @@ impl Shared {
         StepOutcome::Next
     }
 
-    /// One signed call of the function; what its answer says.
+    /// A place among the function's calls in flight, where it has a concurrency limit.
+    async fn in_flight(&self, function: &Function) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let limit = function.concurrency?;
+        let semaphore = {
+            let mut limits = self.limits.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(
+                limits.entry(function.id.clone()).or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(limit))),
+            )
+        };
+        semaphore.acquire_owned().await.ok()
+    }
+
+    /// One signed call of the function, within its concurrency limit; what its answer says.
     async fn call(&self, function: &Function, run_id: &str, step_id: &str, attempt: u32, body: &Value) -> Outcome {
+        let _in_flight = self.in_flight(function).await;
         let bytes = serde_jcs::to_vec(body).expect("a JSON value serializes");
         let t = Utc::now().timestamp();
         let url = with_step(&function.url, step_id);

@@ -66,6 +66,8 @@ pub struct Function {
     pub url: String,
     /// Retries after the first attempt (Inngest's default: 4).
     pub retries: u32,
+    /// The most calls of it in flight at once (`concurrency`'s limit without a key), if any.
+    pub concurrency: Option<usize>,
 }
 
 /// An event trigger: its name, and the one expression form the emulator evaluates,
@@ -98,6 +100,19 @@ impl Function {
                 tracing::warn!(function = %id, "a trigger without an event (a cron?): the emulator does not run it");
             }
         }
+        // `concurrency`: a number, or a list of `{limit, key?, scope?}`: the limits without a key
+        // are the function's own; the least of them holds.
+        let concurrency = match config.get("concurrency") {
+            Some(Value::Number(n)) => n.as_u64(),
+            Some(Value::Array(limits)) => limits
+                .iter()
+                .filter(|l| l.get("key").is_none())
+                .filter_map(|l| l.get("limit").and_then(Value::as_u64))
+                .min(),
+            _ => None,
+        }
+        .filter(|n| *n > 0)
+        .map(|n| n as usize);
         Ok(Self {
             name: text(config.get("name")).unwrap_or_else(|| id.clone()),
             id,
@@ -105,6 +120,7 @@ impl Function {
             triggers,
             url,
             retries,
+            concurrency,
         })
     }
 
@@ -286,6 +302,7 @@ impl EmulatorBuilder {
                 .map_err(|e| Error(e.to_string()))?,
             event_requests: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
+            limits: Mutex::new(std::collections::HashMap::new()),
         });
         let (stop, stopped) = oneshot::channel::<()>();
         let app = server::router(Arc::clone(&shared));

@@ -23,6 +23,8 @@ struct App {
     answers: Arc<Mutex<Vec<(String, Answer)>>>,
     /// (function, attempt, the signature verified) of every call.
     seen: Arc<Mutex<Vec<(String, u64, bool)>>>,
+    /// Calls of `app-limited` in flight, and the most at once.
+    in_flight: Arc<(std::sync::atomic::AtomicUsize, std::sync::atomic::AtomicUsize)>,
 }
 
 fn mac(key: &str, body: &[u8], t: &str) -> String {
@@ -66,6 +68,13 @@ async fn call(State(app): State<App>, uri: axum::http::Uri, headers: HeaderMap, 
     if !verified {
         return (StatusCode::UNAUTHORIZED, "bad signature").into_response();
     }
+    if function == "app-limited" {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = app.in_flight.0.fetch_add(1, SeqCst) + 1;
+        app.in_flight.1.fetch_max(now, SeqCst);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        app.in_flight.0.fetch_sub(1, SeqCst);
+    }
     let answer = app.answers.lock().unwrap().iter().find(|(f, _)| *f == function).map(|(_, a)| Arc::clone(a));
     match answer {
         Some(answer) => answer(attempt),
@@ -77,7 +86,12 @@ async fn call(State(app): State<App>, uri: axum::http::Uri, headers: HeaderMap, 
 /// answers are set with `answer`.
 async fn setup(window: Duration, functions: &[(&str, &str, u32)]) -> (Emulator, App, String) {
     let emu = Emulator::builder().time_scale(0.0).dedupe_window(window).start_local().await.unwrap();
-    let app = App { key: emu.signing_key().to_owned(), answers: Arc::default(), seen: Arc::default() };
+    let app = App {
+        key: emu.signing_key().to_owned(),
+        answers: Arc::default(),
+        seen: Arc::default(),
+        in_flight: Arc::default(),
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/api/inngest", listener.local_addr().unwrap());
     let router = axum::Router::new().route("/api/inngest", axum::routing::post(call)).with_state(app.clone());
@@ -85,7 +99,7 @@ async fn setup(window: Duration, functions: &[(&str, &str, u32)]) -> (Emulator, 
     let configs: Vec<Value> = functions
         .iter()
         .map(|(id, event, retries)| {
-            json!({ "id": id, "name": id, "triggers": [{ "event": event }],
+            json!({ "id": id, "name": id, "triggers": [{ "event": event }], "concurrency": [{ "limit": 2 }],
                     "steps": { "step": { "id": "step", "name": "step",
                         "runtime": { "type": "http", "url": format!("{url}?fnId={id}&stepId=step") },
                         "retries": { "attempts": retries } } } })
@@ -331,4 +345,20 @@ async fn the_api_refuses_a_wrong_key_a_wrong_bearer_and_bodies_it_cannot_take() 
         .unwrap();
     assert_eq!(refused.status(), 400);
     assert!(Emulator::builder().start("0.0.0.0:0".parse().unwrap()).await.is_err(), "loopback only");
+}
+
+#[tokio::test]
+async fn a_functions_concurrency_limit_holds_its_calls_in_flight() {
+    let (emu, app, _) = setup(Duration::from_secs(60), &[("app-limited", "t/limited", 0)]).await;
+    let key = app.key.clone();
+    app.answer("app-limited", move |_| sdk(StatusCode::OK, &key, json!(null), &[]));
+    let events: Vec<Value> = (0..8).map(|n| json!({ "name": "t/limited", "data": { "n": n } })).collect();
+    post_events(&emu, emu.event_key(), Value::Array(events)).await;
+    let runs = emu
+        .wait_for_runs(Duration::from_secs(10), |r| r.len() == 8 && r.iter().all(|r| r.status == RunStatus::Completed))
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 8);
+    let most = app.in_flight.1.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(most, 2, "a limit of 2: at most two calls in flight, and two reached");
 }

@@ -108,7 +108,9 @@ impl InngestBackend {
             "framework": "axum",
             "appName": config.app_id,
             "functions": [
-                { "id": function, "name": "redrive jobs",
+                // At most as many calls in flight as the endpoint parks: past it a call would be
+                // handed back at once, a call (and a sleep) spent for nothing.
+                { "id": function, "name": "redrive jobs", "concurrency": [{ "limit": config.max_parked }],
                   "triggers": [{ "event": config.event_name() }], "steps": step(&function, config.retries) },
                 { "id": failure, "name": "redrive jobs (failure)",
                   "triggers": [{ "event": "inngest/function.failed",
