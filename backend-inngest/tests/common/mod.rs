@@ -54,9 +54,21 @@ pub async fn rig_with(emulator: EmulatorBuilder, config: impl FnOnce(InngestConf
 
 /// A rig on an emulator already running: another app or queue on the same Inngest account.
 pub async fn rig_on(emulator: Arc<Emulator>, config: impl FnOnce(InngestConfig) -> InngestConfig) -> Rig {
+    rig_with_store(emulator, ledger().await, config).await
+}
+
+/// Another app beside `rig`: the same emulator (account) and the same database.
+pub async fn rig_beside(rig: &Rig) -> Rig {
+    rig_with_store(Arc::clone(&rig.emulator), rig.ledger.clone(), |c| c).await
+}
+
+async fn rig_with_store(
+    emulator: Arc<Emulator>,
+    ledger: PgBackend,
+    config: impl FnOnce(InngestConfig) -> InngestConfig,
+) -> Rig {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
     let serve_url = format!("http://{}/api/inngest", listener.local_addr().unwrap());
-    let ledger = ledger().await;
     let settings = InngestConfig::new(emulator.event_key(), emulator.signing_key(), serve_url.clone())
         .with_base_url(emulator.url())
         .with_app_id(format!("app{}", unique().replace('_', "-")))
