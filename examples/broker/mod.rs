@@ -1,12 +1,12 @@
-//! The four checks of reliable jobs, the same on every broker backend (SQS, Azure, QStash):
-//! shared by the `sqs`, `azure` and `qstash` examples.
+//! The four checks of reliable jobs, the same on every broker backend (SQS, Azure, QStash,
+//! Inngest, pgmq): shared by their examples.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redrive::alert::BoxFuture;
-use redrive::kit::Claim;
+use redrive::kit::{Claim, Dedupe};
 use redrive::postgres::PgBackend;
 use redrive::{
     Alert, AlertSink, Backoff, DeadLetter, Enqueue, FailureQuery, Job, JobContext, JobError, KeyBuilder, NewJob,
@@ -95,9 +95,12 @@ where
     let job = NewJob::from_job(&charge)?;
     let (first, second) = (queue.enqueue(job.clone()).await?, queue.enqueue(job.clone()).await?);
     println!("   send #1 -> {first:?}");
-    // A broker without dedupe (SQS standard, Azure) delivers both; QStash drops the second.
+    // A broker without dedupe (SQS standard, Azure) delivers both; QStash and pgmq drop the second.
     println!("   send #2 -> {second:?}   both carry key {}", job.key);
-    let sent = [&first, &second].iter().filter(|e| e.is_created()).count() as u64;
+    // Inngest drops the second too, but its event API cannot say so: both answer Created.
+    let unreported = matches!(queue.capabilities().dedupe, Dedupe::Unreported(_));
+    let delivered = |sent: u64| if unreported { sent.min(1) } else { sent };
+    let sent = delivered([&first, &second].iter().filter(|e| e.is_created()).count() as u64);
     let w = worker(queue, ledger, &payments, &alerts);
     wait_until("the messages sent to be handled", || w.stats().succeeded + w.stats().skipped == sent).await;
     let stats = w.shutdown().await;
@@ -106,11 +109,13 @@ where
 
     println!("\n== 2. race: two workers, the same message twice");
     let race = NewJob::from_job(&ChargeOrder { order: 1002, cents: 990 })?;
-    let sent = queue.enqueue_batch(vec![race.clone(), race.clone()]).await?.iter().filter(|e| e.is_created()).count();
+    let sent = delivered(
+        queue.enqueue_batch(vec![race.clone(), race.clone()]).await?.iter().filter(|e| e.is_created()).count() as u64,
+    );
     let (a, b) = (worker(queue, ledger, &payments, &alerts), worker(queue, ledger, &payments, &alerts));
     wait_until("one charge, and a skip for a second message", || {
         let (x, y) = (a.stats(), b.stats());
-        x.succeeded + y.succeeded == 1 && x.skipped + y.skipped == sent as u64 - 1
+        x.succeeded + y.succeeded == 1 && x.skipped + y.skipped == sent - 1
     })
     .await;
     let (x, y) = (a.shutdown().await, b.shutdown().await);
