@@ -131,7 +131,9 @@ async fn verify_beside_the_application<Q: Enqueue>(
     let run = {
         let (target, evidence_dir) = (target.clone(), evidence_dir.to_owned());
         tokio::task::spawn_blocking(move || {
-            redrive(&target, &["verify", "--evidence", &evidence_dir, "--key-format", "ship=n"])
+            // Past the default minute: the seven backends' verifications run at once here, beside
+            // their applications, on two cores; a job never handled still fails them.
+            redrive(&target, &["verify", "--evidence", &evidence_dir, "--key-format", "ship=n", "--timeout", "180s"])
         })
     };
     let out = run.await.unwrap();
