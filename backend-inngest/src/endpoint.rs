@@ -197,7 +197,7 @@ async fn run(backend: &InngestBackend, request: &Value) -> Response {
     let timeout = config.call_timeout;
     let answer_by = now + timeout - (timeout / 10).min(Duration::from_secs(5));
     let (call, verdict) =
-        backend.inner.parked.park(job, Parcel { run_id, progress, body: text }, answer_by, now + config.park_limit);
+        backend.inner.parked.park(job, Parcel { run_id, progress }, answer_by, now + config.park_limit);
     match backend.inner.parked.verdict(&call, verdict, "Inngest", |lapse| backend.lapsed(&call, lapse)).await {
         Some(verdict) => respond(backend, verdict),
         None => respond(backend, Verdict::Again("no verdict".into())),

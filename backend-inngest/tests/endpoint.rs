@@ -201,3 +201,35 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[derive(Serialize, Deserialize)]
+struct Refund {
+    order: u32,
+}
+
+impl Job for Refund {
+    const KIND: &'static str = "refund";
+    fn key(&self, key: KeyBuilder) -> KeyBuilder {
+        key.fact("order", self.order)
+    }
+}
+
+/// A kind no worker of the process handles goes back unclaimed, at no attempt's cost, and past
+/// its rounds becomes a record instead of circling for ever; the worker never runs it.
+#[tokio::test]
+async fn a_kind_nothing_here_handles_becomes_a_record_after_its_rounds() {
+    let rig = common::rig_with(common::emulator(), |c| {
+        c.with_unclaimed_rounds(2).with_park_limit(Duration::from_millis(200))
+    })
+    .await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let worker = counting_worker(&rig, &runs);
+    let job = NewJob::from_job(&Refund { order: 4 }).unwrap();
+    rig.backend.enqueue(job.clone()).await.unwrap();
+    let record = wait_for(|| async { rig.backend.list(&FailureQuery::open()).await.unwrap().into_iter().next() }).await;
+    assert_eq!((record.key.clone(), record.kind.as_str()), (job.key.clone(), "refund"));
+    assert!(record.last_error.contains("no worker in this process handles kind refund"), "{}", record.last_error);
+    assert_eq!(record.attempts, 1, "handed back unclaimed, no attempt was spent: {record:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    worker.shutdown().await;
+}

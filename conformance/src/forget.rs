@@ -62,17 +62,7 @@ pub async fn forget_key<Q: Queue, L: Ledger + Clone + 'static>(subject: Subject<
     tokio::time::sleep(Duration::from_millis(20)).await;
     let enqueued = run.must("enqueue after forgetting", run.s.queue.enqueue(job.clone()).await)?;
     if let Dedupe::Unreported(window) = run.caps.dedupe {
-        // The service (Inngest) drops a copy of the same payload within its window, and the
-        // enqueue cannot tell: nothing runs, nothing is recorded. A replay sends under an id of
-        // its own for this reason.
-        run.settle().await;
-        ensure!(
-            run,
-            run.script.effects_of(&job.key).is_empty(),
-            "within the service's {window:?} window a forgotten key's copy should be dropped, not run"
-        );
-        ensure!(run, run.must("count", run.s.queue.count_open().await)? == 0, "nothing should be recorded");
-        return Ok(crate::Report::default());
+        return run.dropped_unreported(&job.key, window, "a forgotten key").await;
     }
     if let (Dedupe::Window(window), false) = (run.caps.dedupe, enqueued.is_created()) {
         ensure!(

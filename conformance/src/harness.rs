@@ -376,6 +376,27 @@ impl<Q: Queue, L: Ledger + Clone + 'static> Run<Q, L> {
         self.caps.dedupe != Dedupe::None
     }
 
+    /// After `key`'s job was enqueued again within a service's `window` in which it drops a copy
+    /// of the same payload unreported (Inngest): nothing runs, nothing is recorded. `what` names
+    /// the key's story ("a purged key"). A replay sends under an id of its own for this reason.
+    pub(crate) async fn dropped_unreported(
+        &self,
+        key: &IdempotencyKey,
+        window: Duration,
+        what: &str,
+    ) -> crate::Outcome {
+        self.settle().await;
+        if !self.script.effects_of(key).is_empty() {
+            return Err(
+                self.fail(format!("within the service's {window:?} window {what}'s copy should be dropped, not run"))
+            );
+        }
+        if self.must("count", self.s.queue.count_open().await)? != 0 {
+            return Err(self.fail("nothing should be recorded"));
+        }
+        Ok(Report::default())
+    }
+
     /// Whether enqueuing a key twice answers `Duplicate`.
     pub(crate) fn reports_duplicates(&self) -> bool {
         matches!(self.caps.dedupe, Dedupe::Kept | Dedupe::Window(_))

@@ -93,14 +93,14 @@ impl Shared {
                 state.events.push((id.clone(), event.clone()));
                 let now = Instant::now();
                 let window = self.config.dedupe_window;
-                state.seen.retain(|_, at| now.duration_since(*at) < window);
                 let matching: Vec<Function> =
                     state.functions.iter().filter(|f| f.triggered_by(&event)).cloned().collect();
                 let mut fresh = Vec::new();
                 for function in matching {
                     if let Some(own) = &own_id {
                         let key = (function.id.clone(), own.clone());
-                        if state.seen.contains_key(&key) {
+                        // Kept for the emulator's life, as its events and runs are: only the age counts.
+                        if state.seen.get(&key).is_some_and(|at| now.duration_since(*at) < window) {
                             debug!(function = %function.id, event = %id, "an event id seen within the window: no new run");
                             continue;
                         }

@@ -31,8 +31,8 @@ impl InngestBackend {
                 "a claimed Inngest call's lease lapsed; answered 500 for Inngest to call again");
             return Verdict::Again("the worker's lease lapsed".into());
         }
-        let unclaimed =
-            if self.inner.parked.wanted(&job.kind) { call.progress.unclaimed } else { call.progress.unclaimed + 1 };
+        let wanted = self.inner.parked.wanted(&job.kind);
+        let unclaimed = if wanted { call.progress.unclaimed } else { call.progress.unclaimed + 1 };
         if unclaimed >= self.inner.config.unclaimed_rounds {
             let error = format!(
                 "no worker in this process handles kind {}: the call was handed back unclaimed {unclaimed} times",
@@ -48,7 +48,7 @@ impl InngestBackend {
         }
         // Back after the park limit: a kind no worker here handles comes back at that pace, not
         // at once in a loop of billed calls.
-        let wait = if self.inner.parked.wanted(&job.kind) { Duration::ZERO } else { self.inner.config.park_limit };
+        let wait = if wanted { Duration::ZERO } else { self.inner.config.park_limit };
         Self::mark(call, &Mark { spent: job.attempt.saturating_sub(1), error: None, wait, unclaimed })
     }
 

@@ -83,7 +83,7 @@ impl Broker for InngestBackend {
 
     async fn send_replay(&self, job: &NewJob, record: &FailureId) -> Result<JobId> {
         let id = self.replay_id(job, record);
-        let sent = self.send(std::slice::from_ref(job), vec![id]).await?;
-        Ok(sent.into_iter().next().map(|e| e.id().clone()).unwrap_or_else(|| JobId(String::new())))
+        self.send(std::slice::from_ref(job), vec![id.clone()]).await?;
+        Ok(JobId(id))
     }
 }
