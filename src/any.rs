@@ -379,11 +379,9 @@ impl AnyOptions {
             "qstash" | "qstash+http" => {
                 self.beside_records(self.qstash_config(scheme, rest)?.doctor(expect).await?, expect).await
             }
-            // Its settings are checked at connect; the records database is what there is to read.
             #[cfg(feature = "inngest")]
             "inngest" | "inngest+http" => {
-                inngest_config_at(scheme, rest)?;
-                self.beside_records(Vec::new(), expect).await
+                self.beside_records(inngest_config_at(scheme, rest)?.doctor(expect).await?, expect).await
             }
             other => Err(unknown_scheme(Some(other))),
         }

@@ -16,6 +16,7 @@ pub(crate) struct Api {
     http: reqwest::Client,
     events_url: String,
     register_url: String,
+    api_url: String,
     bearer: String,
     /// Requests to the event API so far (the benchmark's requests per job).
     pub(crate) event_requests: AtomicU64,
@@ -31,6 +32,7 @@ impl Api {
             http,
             events_url: format!("{}/e/{}", config.event_api_url, config.event_key),
             register_url: format!("{}/fn/register", config.api_url),
+            api_url: config.api_url.clone(),
             bearer: crate::signature::bearer(&config.signing_key),
             event_requests: AtomicU64::new(0),
         })
@@ -70,5 +72,20 @@ impl Api {
             return Err(refusal("register the functions", response).await);
         }
         response.json().await.map_err(|e| transport("register the functions", &e))
+    }
+
+    /// The functions Inngest has registered for `app` (its REST API, read with the signing key).
+    pub(crate) async fn functions(&self, app: &str) -> Result<Vec<Value>> {
+        let url = format!("{}/v1/apps/{app}/functions", self.api_url);
+        let what = "read the app's functions";
+        let response = self.http.get(&url).bearer_auth(&self.bearer).send().await.map_err(|e| transport(what, &e))?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(Vec::new());
+        }
+        if !response.status().is_success() {
+            return Err(refusal(what, response).await);
+        }
+        let answer: Value = response.json().await.map_err(|e| transport(what, &e))?;
+        Ok(answer.get("data").and_then(Value::as_array).cloned().unwrap_or_default())
     }
 }

@@ -147,6 +147,11 @@ impl InngestConfig {
         self
     }
 
+    /// The Inngest app: its function, events and records are this queue's.
+    pub fn app_id(&self) -> &str {
+        &self.app_id
+    }
+
     /// The events' name: `redrive/<app>`.
     pub(crate) fn event_name(&self) -> String {
         format!("redrive/{}", self.app_id)

@@ -45,6 +45,7 @@
 mod api;
 mod backend;
 mod config;
+mod doctor;
 mod endpoint;
 mod error;
 mod signature;

@@ -36,8 +36,8 @@ mod jobs;
 mod kind;
 mod output;
 mod verify;
-#[cfg(feature = "qstash")]
-mod verify_qstash;
+#[cfg(any(feature = "qstash", feature = "inngest"))]
+mod verify_push;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive::alert::BoxFuture;
-use redrive::kit::{Begin, Claim, Ledger};
+use redrive::kit::{Begin, Claim, Dedupe, Ledger};
 use redrive::{
     Alert, AlertSink, Backoff, DeadLetter, Enqueue, Enqueued, Error, ErrorKind, FailureQuery, FailureRecord, Forget,
     IdempotencyKey, Job, JobContext, JobError, JobQuery, Jobs, KeyBuilder, MemoryBackend, NewJob, RecordState, Replay,
@@ -114,7 +114,7 @@ impl<B: Clone> Subject<B, B> {
 
 impl<Q, L> Subject<Q, L> {
     /// A broker, with the database of its records and ledger.
-    #[cfg(any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq"))]
+    #[cfg(any(feature = "sqs", feature = "azure", feature = "qstash", feature = "pgmq", feature = "inngest"))]
     pub(crate) fn broker(queue: Q, records: L) -> Self {
         Self { queue, ledger: records, own_ledger: false, forget_first: None }
     }
@@ -244,6 +244,13 @@ async fn replay<Q: Queue, L: Store>(subject: &Subject<Q, L>, plan: &Plan, lab: &
         let answer = subject.queue.enqueue(probe(plan, "replay")?.1).await?;
         sent += usize::from(matches!(answer, Enqueued::Created(_)));
         test.item(format!("enqueue #{n}"), json!({ "key": key.as_str(), "answer": enqueued(&answer) }));
+    }
+    // A service that drops a copy without saying so (Inngest's event id) answers both as taken,
+    // and delivers one.
+    if let Dedupe::Unreported(window) = subject.queue.capabilities().dedupe {
+        sent = sent.min(1);
+        let window = humantime::format_duration(window).to_string();
+        test.item("dedupe", json!({ "by": "the service, unreported", "window": window, "deliveries": sent }));
     }
     let worker = worker(subject.queue.clone(), subject.ledger.clone(), lab, "worker-1");
     // Each message the queue took is delivered: one runs, any other finds the effect done.
@@ -502,8 +509,9 @@ pub(crate) struct VerifyArgs {
     /// The oldest evidence `--check-fresh` accepts.
     #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
     max_age: Duration,
-    /// QStash only: the address verify's own receiver listens on, where the URL's host and path
-    /// lead (QStash pushes verify's jobs there; the application's receiver never sees them).
+    /// QStash and Inngest only: the address verify's own endpoint listens on, where the URL's host
+    /// and path lead (the service pushes verify's jobs there; the application's endpoint never
+    /// sees them).
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
     /// How long each test may take to reach its expected state.
@@ -521,13 +529,20 @@ pub(crate) async fn run(
     use redrive::any::AnyBackend;
     use redrive::kit::Backend;
 
+    #[cfg_attr(not(feature = "inngest"), allow(unused_mut))]
+    let mut configuration: std::collections::BTreeMap<String, String> = [
+        ("scheme".to_owned(), target.scheme().to_owned()),
+        ("capabilities".to_owned(), format!("{:?}", target.capabilities())),
+    ]
+    .into();
+    // The app is in the URL's query, which the evidence leaves out.
+    #[cfg(feature = "inngest")]
+    if let AnyBackend::Inngest(q, _) = target {
+        configuration.insert("app".to_owned(), q.config().app_id().to_owned());
+    }
     let identity = crate::evidence::Identity {
         backend: crate::evidence::redact(url),
-        configuration: [
-            ("scheme".to_owned(), target.scheme().to_owned()),
-            ("capabilities".to_owned(), format!("{:?}", target.capabilities())),
-        ]
-        .into(),
+        configuration,
         key_encoding: crate::evidence::KEY_ENCODING,
         key_formats: crate::evidence::key_formats(&args.key_formats)?,
     };
@@ -564,7 +579,7 @@ pub(crate) async fn run(
                      URL's host and path lead to (a destination no application receiver uses)",
                 )
             })?;
-            let _receiver = crate::verify_qstash::serve(url, q, listen).await?;
+            let _receiver = crate::verify_push::serve(url, "QStash", q.receiver(), listen).await?;
             let mut subject = Subject::broker(q.clone(), records.clone());
             let dlq = q.clone();
             subject.forget_first = Some(Box::new(move |key| {
@@ -583,6 +598,27 @@ pub(crate) async fn run(
                 Box::pin(async move { archive.forget_archived(&key).await })
             }));
             four_tests(&subject, &plan).await?
+        }
+        #[cfg(feature = "inngest")]
+        AnyBackend::Inngest(q, records) => {
+            // Inngest calls an app's one endpoint, and a sync replaces the app's functions: verify
+            // runs as an app of its own, `<app>-verify`, served at the URL (which no application
+            // endpoint may answer, checked), so the application's registration, calls and records
+            // are untouched, and its events trigger no application function.
+            let listen = args.listen.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Config,
+                    "redrive verify on Inngest serves its own endpoint: give --listen ADDR, the address the \
+                     URL's host and path lead to (an endpoint no application serves)",
+                )
+            })?;
+            let config = q.config().clone();
+            let app = format!("{}-verify", config.app_id());
+            let verifier =
+                redrive::inngest::InngestBackend::connect(config.with_app_id(app), Arc::new(records.clone())).await?;
+            let _endpoint = crate::verify_push::serve(url, "Inngest", verifier.endpoint(), listen).await?;
+            verifier.sync().await?;
+            four_tests(&Subject::broker(verifier, records.clone()), &plan).await?
         }
         // A backend added to the facade after this command.
         other => {

@@ -94,3 +94,45 @@ async fn doctor_reports_a_missing_pgmq_queue_with_the_fix() {
     assert_eq!(queue[0]["status"], "fail", "{missing:#}");
     assert!(queue[0]["fix"].as_str().unwrap().contains("pgmq.create('rdt_no_such_queue')"), "{missing:#}");
 }
+
+/// Inngest: an app whose functions were never synced fails with the fix; once the workers sync,
+/// its rules pass, with the records database's beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_an_inngest_app_not_synced_then_passes_once_it_is() {
+    let db = database().await;
+    let emulator = redrive_inngest_emulator::Emulator::builder().start_local().await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("{}/api/inngest", listener.local_addr().unwrap());
+    let config =
+        redrive_inngest::InngestConfig::new(emulator.event_key(), emulator.signing_key(), format!("http://{endpoint}"))
+            .with_base_url(emulator.url())
+            .with_app_id("shop")
+            .allow_plain_http();
+    let backend = redrive_inngest::InngestBackend::connect(config, std::sync::Arc::new(db.clone())).await.unwrap();
+    let app = axum::Router::new().route("/api/inngest", backend.endpoint());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let report = || {
+        let out = redrive_command(&format!("inngest+http://{endpoint}?app=shop"), db.schema())
+            .env("INNGEST_EVENT_KEY", emulator.event_key())
+            .env("INNGEST_SIGNING_KEY", emulator.signing_key())
+            .env("INNGEST_BASE_URL", emulator.url())
+            .args(["--json", "doctor"])
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code(), report)
+    };
+    let (code, unsynced) = report();
+    assert_eq!(code, Some(1), "{unsynced:#}");
+    let functions = status(&unsynced, "inngest.functions");
+    assert_eq!(functions[0]["status"], "fail", "{unsynced:#}");
+    assert!(functions[0]["fix"].as_str().unwrap().contains("InngestBackend::sync"), "{unsynced:#}");
+    assert_eq!(status(&unsynced, "inngest.endpoint")[0]["status"], "pass", "{unsynced:#}");
+
+    backend.sync().await.unwrap();
+    let (_, synced) = report();
+    for rule in ["inngest.functions", "inngest.endpoint", "inngest.call-timeout", "inngest.steps", "pg.migrations"] {
+        assert_eq!(status(&synced, rule)[0]["status"], "pass", "{rule}: {synced:#}");
+    }
+}

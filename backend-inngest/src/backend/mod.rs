@@ -78,6 +78,11 @@ impl InngestBackend {
         Ok(Self { inner: Arc::new(Inner { api, parked: Parked::new(config.max_parked), config, core }) })
     }
 
+    /// The settings it was connected with (another app beside it starts from them).
+    pub fn config(&self) -> &InngestConfig {
+        &self.inner.config
+    }
+
     /// Registers the queue's function and its failure handler with Inngest (what the endpoint
     /// does when Inngest's sync reaches it).
     pub async fn sync(&self) -> Result<()> {

@@ -1,20 +1,21 @@
-//! `redrive verify` on QStash: the receiver of its own that QStash pushes the verification jobs
-//! to. The URL must be a destination no application receiver answers (its jobs would reach the
-//! application's workers, and QStash's DLQ entries and records are kept per destination), and it
-//! must lead to `--listen`: both are checked before anything is enqueued.
+//! `redrive verify` on a push service (QStash, Inngest): the endpoint of its own that the service
+//! delivers the verification jobs to. The URL must be a destination no application endpoint
+//! answers (its jobs would reach the application's workers, and the service's records are kept
+//! per destination or app), and it must lead to `--listen`: both are checked before anything is
+//! enqueued.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use redrive::qstash::QStashBackend;
+use axum::routing::MethodRouter;
 use redrive::{Error, ErrorKind, Result};
 
 /// How long the destination has to answer a probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Verify's receiver, served until dropped.
+/// Verify's endpoint, served until dropped.
 pub(crate) struct Receiver(tokio::task::JoinHandle<()>);
 
 impl Drop for Receiver {
@@ -23,10 +24,10 @@ impl Drop for Receiver {
     }
 }
 
-/// Checks that nothing answers at the destination of `url` (`qstash[+http]://HOST/PATH`) as a
-/// receiver does, serves `backend`'s receiver on `listen` at the URL's path, then checks that the
-/// destination leads to it.
-pub(crate) async fn serve(url: &str, backend: &QStashBackend, listen: SocketAddr) -> Result<Receiver> {
+/// Checks that nothing answers at the destination of `url` (`SCHEME[+http]://HOST/PATH`) as an
+/// endpoint of `service` does, serves `endpoint` on `listen` at the URL's path, then checks that
+/// the destination leads to it.
+pub(crate) async fn serve(url: &str, service: &str, endpoint: MethodRouter, listen: SocketAddr) -> Result<Receiver> {
     let (destination, path) = destination(url)?;
     if let Some(status) = receiver_answers(&destination).await? {
         return Err(Error::new(
@@ -43,7 +44,7 @@ pub(crate) async fn serve(url: &str, backend: &QStashBackend, listen: SocketAddr
         .map_err(|e| Error::new(ErrorKind::Config, format!("cannot listen on {listen}")).with_source(e))?;
     let hits = Arc::new(AtomicU64::new(0));
     let counted = Arc::clone(&hits);
-    let app = axum::Router::new().route(&path, backend.receiver()).layer(axum::middleware::from_fn(
+    let app = axum::Router::new().route(&path, endpoint).layer(axum::middleware::from_fn(
         move |request: axum::extract::Request, next: axum::middleware::Next| {
             counted.fetch_add(1, Ordering::SeqCst);
             next.run(request)
@@ -60,22 +61,21 @@ pub(crate) async fn serve(url: &str, backend: &QStashBackend, listen: SocketAddr
         return Err(Error::new(
             ErrorKind::Config,
             format!(
-                "{destination} does not lead to --listen {listen}: QStash could not deliver verify's jobs. Route \
-                 the URL's host and path to that address"
+                "{destination} does not lead to --listen {listen}: {service} could not deliver verify's jobs. \
+                 Route the URL's host and path to that address"
             ),
         ));
     }
     Ok(served)
 }
 
-/// The destination QStash pushes to, and its path.
+/// The destination the service pushes to (the URL's query, its settings, left out), and its path.
 fn destination(url: &str) -> Result<(String, String)> {
-    let invalid =
-        || Error::new(ErrorKind::InvalidName, "a QStash URL is qstash://HOST/PATH (qstash+http:// for plain http)");
+    let invalid = || Error::new(ErrorKind::InvalidName, "a push service's URL is SCHEME://HOST/PATH");
     let (scheme, rest) = url.split_once("://").ok_or_else(invalid)?;
-    let http = if scheme == "qstash+http" { "http" } else { "https" };
+    let http = if scheme.ends_with("+http") { "http" } else { "https" };
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
     let path = rest.find('/').map_or("/", |at| &rest[at..]);
-    let path = path.split(['?', '#']).next().unwrap_or("/");
     Ok((format!("{http}://{rest}"), path.to_owned()))
 }
 
@@ -101,6 +101,10 @@ mod tests {
         let (url, path) = destination("qstash+http://127.0.0.1:8080/redrive/verify").unwrap();
         assert_eq!((url.as_str(), path.as_str()), ("http://127.0.0.1:8080/redrive/verify", "/redrive/verify"));
         let (url, path) = destination("qstash://verify.example.com").unwrap();
+        assert_eq!((url.as_str(), path.as_str()), ("https://verify.example.com", "/"));
+        let (url, path) = destination("inngest+http://127.0.0.1:8080/api/verify?app=shop").unwrap();
+        assert_eq!((url.as_str(), path.as_str()), ("http://127.0.0.1:8080/api/verify", "/api/verify"));
+        let (url, path) = destination("inngest://verify.example.com?app=shop").unwrap();
         assert_eq!((url.as_str(), path.as_str()), ("https://verify.example.com", "/"));
     }
 }
