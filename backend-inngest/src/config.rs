@@ -22,6 +22,7 @@ pub struct InngestConfig {
     pub(crate) max_event: usize,
     pub(crate) retries: u32,
     pub(crate) unclaimed_rounds: u32,
+    pub(crate) max_steps: usize,
     pub(crate) plain_http: bool,
 }
 
@@ -42,6 +43,8 @@ impl fmt::Debug for InngestConfig {
 /// Inngest's API and event API.
 const API_URL: &str = "https://api.inngest.com";
 const EVENT_API_URL: &str = "https://inn.gs";
+/// The steps a run keeps free: past them, it continues as a new run.
+pub(crate) const STEP_RESERVE: usize = 10;
 /// The most retries Inngest allows a function.
 pub(crate) const MAX_RETRIES: u32 = 20;
 
@@ -66,6 +69,7 @@ impl InngestConfig {
             max_event: 256 * 1024,
             retries: 4,
             unclaimed_rounds: 20,
+            max_steps: 1_000,
             plain_http: false,
         }
     }
@@ -141,6 +145,14 @@ impl InngestConfig {
         self
     }
 
+    /// The most steps Inngest allows a run (1,000). Each retry or deferral takes two (its mark
+    /// and its sleep); a run that would come within ten of the limit continues as a new run of
+    /// the same job, carrying its attempts and errors.
+    pub fn with_max_steps(mut self, steps: usize) -> Self {
+        self.max_steps = steps;
+        self
+    }
+
     /// Allows `http://` URLs (the emulator, tests); refused otherwise.
     pub fn allow_plain_http(mut self) -> Self {
         self.plain_http = true;
@@ -193,6 +205,9 @@ impl InngestConfig {
         }
         if self.serve_url.contains('?') {
             return config("Inngest: the serve URL takes no query: the functions' parameters go there".into());
+        }
+        if self.max_steps < 2 * STEP_RESERVE {
+            return config(format!("Inngest: a run of {} steps leaves no room to continue it", self.max_steps));
         }
         if self.retries > MAX_RETRIES {
             return config(format!("Inngest: at most {MAX_RETRIES} retries, asked for {}", self.retries));

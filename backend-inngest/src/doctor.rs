@@ -13,16 +13,14 @@ use crate::api::Api;
 
 /// How long the endpoint has to answer the unsigned probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-/// The steps Inngest allows one run.
-const MAX_STEPS: u32 = 1_000;
 
 impl InngestConfig {
     /// Checks the rules the app and its endpoint must hold: Inngest has the app's function and
     /// its failure handler registered (a run Inngest fails on its own becomes a record only
     /// through the handler), as this configuration registers them; the signing key reads them;
-    /// the serve URL answers and refuses an unsigned call; the longest job fits in one call; the
-    /// cap's retries fit in a run's steps. Reads only: the probe carries no signature, so the
-    /// endpoint refuses it before it reads the body.
+    /// the serve URL answers and refuses an unsigned call; the longest job fits in one call. (A
+    /// run's 1,000 steps need no rule: a run near them continues as a new one.) Reads only: the
+    /// probe carries no signature, so the endpoint refuses it before it reads the body.
     pub async fn doctor(&self, expect: &Expect) -> Result<Vec<Check>> {
         self.check()?;
         let api = Api::new(self)?;
@@ -30,7 +28,6 @@ impl InngestConfig {
             functions(self, api.functions(&self.app_id).await),
             endpoint(probe(&self.serve_url).await),
             call_timeout(self, expect),
-            steps(expect.cap),
         ])
     }
 }
@@ -158,33 +155,5 @@ fn call_timeout(config: &InngestConfig, expect: &Expect) -> Check {
         )
     } else {
         Check::pass(RULE, format!("{what}, {longest_s} s, fits in a call ({fits_s} s answered in)"))
-    }
-}
-
-/// A retry takes two of a run's steps (its mark and its sleep).
-fn steps(cap: u32) -> Check {
-    const RULE: &str = "inngest.steps";
-    let used = cap.saturating_sub(1).saturating_mul(2);
-    if used >= MAX_STEPS {
-        Check::fail(
-            RULE,
-            format!(
-                "a cap of {cap} takes {used} of a run's {MAX_STEPS} steps in retries: the run fails before the cap"
-            ),
-            format!("lower the jobs' cap below {}", MAX_STEPS / 2),
-        )
-    } else {
-        Check::pass(RULE, format!("a cap of {cap} takes at most {used} of a run's {MAX_STEPS} steps in retries"))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cap_is_held_to_the_run_s_steps() {
-        assert_eq!(steps(5).status, redrive_core::doctor::Status::Pass);
-        assert_eq!(steps(501).status, redrive_core::doctor::Status::Fail);
     }
 }

@@ -13,14 +13,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
 use chrono::Utc;
 use redrive_core::JobId;
+use redrive_core::kit::AttemptError;
 use redrive_core::kit::broker::{Known, carried_job};
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::backend::{InngestBackend, Parcel, Verdict};
+use crate::config::STEP_RESERVE;
 use crate::signature;
-use crate::steps::{Mark, Progress, mark_op, wait_op};
+use crate::steps::{CARRIED, Mark, Progress, carry, mark_op, split_carried, wait_op};
 
 /// The SDK this endpoint answers as (Inngest takes a 2xx without it for something else's).
 const SDK: &str = concat!("rust:redrive-inngest:v", env!("CARGO_PKG_VERSION"));
@@ -39,6 +41,26 @@ impl InngestBackend {
     /// failure handler keeps the failed run's record.
     pub fn endpoint(&self) -> MethodRouter {
         get(look).put(sync).post(call).with_state(self.clone())
+    }
+}
+
+impl InngestBackend {
+    /// Continues the call's run as a new run of the same job: its event sent again, carrying
+    /// the run so far and `mark`, under an id of the run's (a second try sends the same id, and
+    /// Inngest starts one run for it). The old run then completes.
+    async fn continue_run(&self, place: &Place<'_>, mark: &Mark) -> redrive_core::Result<()> {
+        let mut data = place.event["data"].clone();
+        let Some(fields) = data.as_object_mut() else {
+            return Err(redrive_core::Error::new(redrive_core::ErrorKind::Decode, "the event's data is not an object"));
+        };
+        fields.insert(CARRIED.to_owned(), carry(&place.errors, mark));
+        let id = redrive_core::kit::payload_fingerprint(&json!(["continued", self.inner.core.scope(), place.run_id]));
+        let event = json!({ "name": self.inner.config.event_name(), "id": id, "data": data,
+                            "ts": Utc::now().timestamp_millis() });
+        self.inner.api.send(&[event]).await?;
+        info!(run = place.run_id, steps = place.steps, continued_as = %id, attempts_spent = mark.spent,
+            "an Inngest run near its step limit continues as a new run");
+        Ok(())
     }
 }
 
@@ -67,10 +89,33 @@ fn answer(backend: &InngestBackend, status: StatusCode, body: &Value, no_retry: 
     response
 }
 
-fn respond(backend: &InngestBackend, verdict: Verdict) -> Response {
+/// Where a call's run stands, for its answer.
+struct Place<'a> {
+    /// The steps the run has memoized.
+    steps: usize,
+    /// Its errors so far (carried into a continued run).
+    errors: Vec<AttemptError>,
+    /// The call's event.
+    event: &'a Value,
+    run_id: &'a str,
+}
+
+async fn respond(backend: &InngestBackend, place: &Place<'_>, verdict: Verdict) -> Response {
     match verdict {
         Verdict::Done => answer(backend, StatusCode::OK, &Value::Null, None),
-        Verdict::Ops(ops) => answer(backend, StatusCode::PARTIAL_CONTENT, &Value::Array(ops), None),
+        Verdict::Mark(mark) => {
+            // The mark and its sleep would bring the run within the reserve of Inngest's limit.
+            if place.steps + 2 + STEP_RESERVE > backend.inner.config.max_steps {
+                match backend.continue_run(place, &mark).await {
+                    Ok(()) => return answer(backend, StatusCode::OK, &json!({ "continued": true }), None),
+                    // The reserve leaves room for the mark: the next one tries again.
+                    Err(e) => warn!(error = %e, run = place.run_id, "a run near its step limit could not continue"),
+                }
+            }
+            let ops = json!([mark_op(place.steps, &mark)]);
+            answer(backend, StatusCode::PARTIAL_CONTENT, &ops, None)
+        }
+        Verdict::Wait(wait) => answer(backend, StatusCode::PARTIAL_CONTENT, &json!([wait_op(place.steps, wait)]), None),
         Verdict::Fail(error) => {
             answer(backend, StatusCode::BAD_REQUEST, &json!({ "name": "Error", "message": error }), Some(true))
         }
@@ -163,16 +208,17 @@ async fn call(
 /// A call of the queue's function: its pending sleep, or its job parked for a worker.
 async fn run(backend: &InngestBackend, request: &Value) -> Response {
     let config = &backend.inner.config;
+    let event = &request["event"];
+    let (text, carried) = split_carried(&event["data"]);
     let empty = Map::new();
-    let progress = Progress::read(request["steps"].as_object().unwrap_or(&empty));
+    let progress = Progress::read(request["steps"].as_object().unwrap_or(&empty), carried.as_ref());
+    let run_id = request["ctx"]["run_id"].as_str().unwrap_or_default().to_owned();
+    let place = Place { steps: progress.steps, errors: progress.errors.clone(), event, run_id: &run_id };
     if let Some(wait) = progress.pending {
         // A mark's sleep: no worker is asked.
-        return respond(backend, Verdict::Ops(vec![wait_op(progress.steps, wait)]));
+        return respond(backend, &place, Verdict::Wait(wait)).await;
     }
-    let event = &request["event"];
-    let run_id = request["ctx"]["run_id"].as_str().unwrap_or_default().to_owned();
     let event_id = event["id"].as_str().unwrap_or(&run_id).to_owned();
-    let text = serde_json::to_string(&event["data"]).unwrap_or_default();
     let (env, undecodable) = carried_job("inngest", &event_id, &text, Known::default(), Utc::now());
     let ctx_attempt = request["ctx"]["attempt"].as_u64().unwrap_or(0) as u32;
     // Inngest's calls again count up to one past the attempts the job has left: a call past
@@ -183,23 +229,21 @@ async fn run(backend: &InngestBackend, request: &Value) -> Response {
     if let Some(at) = env.not_before.filter(|at| *at > Utc::now()) {
         let wait = (at - Utc::now()).to_std().unwrap_or_default().max(Duration::from_millis(1));
         let mark = Mark { spent: attempt - 1, error: None, wait, unclaimed: 0 };
-        return respond(backend, Verdict::Ops(vec![mark_op(progress.steps, &mark)]));
+        return respond(backend, &place, Verdict::Mark(mark)).await;
     }
     let job = env.into_job(JobId(event_id), attempt, undecodable);
     let Some(_slot) = backend.inner.parked.slot() else {
         warn!(bound = config.max_parked, "an Inngest call was handed back: the endpoint holds its bound of calls");
         let mark =
             Mark { spent: attempt - 1, error: None, wait: Duration::from_secs(1), unclaimed: progress.unclaimed };
-        return respond(backend, Verdict::Ops(vec![mark_op(progress.steps, &mark)]));
+        return respond(backend, &place, Verdict::Mark(mark)).await;
     };
     debug!(job = %job.id, kind = %job.kind, key = %job.key, attempt, "Inngest call parked");
     let now = Instant::now();
     let timeout = config.call_timeout;
     let answer_by = now + timeout - (timeout / 10).min(Duration::from_secs(5));
-    let (call, verdict) =
-        backend.inner.parked.park(job, Parcel { run_id, progress }, answer_by, now + config.park_limit);
-    match backend.inner.parked.verdict(&call, verdict, "Inngest", |lapse| backend.lapsed(&call, lapse)).await {
-        Some(verdict) => respond(backend, verdict),
-        None => respond(backend, Verdict::Again("no verdict".into())),
-    }
+    let parcel = Parcel { run_id: run_id.clone(), progress };
+    let (call, verdict) = backend.inner.parked.park(job, parcel, answer_by, now + config.park_limit);
+    let verdict = backend.inner.parked.verdict(&call, verdict, "Inngest", |lapse| backend.lapsed(&call, lapse)).await;
+    respond(backend, &place, verdict.unwrap_or_else(|| Verdict::Again("no verdict".into()))).await
 }

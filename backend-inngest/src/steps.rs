@@ -7,12 +7,45 @@
 //! `Sleep`. Inngest sends every memoized step back on each call: the marks are the error history,
 //! and the job's attempt is the last mark's spent attempts, plus Inngest's calls since, plus one.
 //! Step ids are `redrive-<n>-mark` and `redrive-<n>-wait`, `n` the steps before it.
+//!
+//! Inngest allows a run 1,000 steps. A mark that would take the run near that **continues it as
+//! a new run** instead: the job's event is sent again, its data carrying what the marks held
+//! ([`CARRIED`]), and the old run completes. The new run starts from the carried progress.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive_core::kit::AttemptError;
+use redrive_core::kit::broker::HISTORY;
 use serde_json::{Map, Value, json};
+
+/// The field of a continued run's event data that carries the run before it: spent attempts,
+/// errors, calls unclaimed, the wait.
+pub(crate) const CARRIED: &str = "redrive_carried";
+
+/// A call's event data as the job's body (without what a continued run carries), and what it
+/// carries.
+pub(crate) fn split_carried(data: &Value) -> (String, Option<Value>) {
+    let mut data = data.clone();
+    let carried = data.as_object_mut().and_then(|o| o.remove(CARRIED));
+    (serde_json::to_string(&data).unwrap_or_default(), carried)
+}
+
+/// What a run continued after `mark` carries: the spent attempts, every error so far (`errors`,
+/// then the mark's), the calls unclaimed, the wait still to sleep.
+pub(crate) fn carry(errors: &[AttemptError], mark: &Mark) -> Value {
+    let mut errors: Vec<&AttemptError> = errors.iter().chain(mark.error.as_ref()).collect();
+    // The first and the latest, as a record keeps them: the event stays within its room.
+    if errors.len() > HISTORY {
+        errors.drain(1..errors.len() - (HISTORY - 1));
+    }
+    json!({
+        "spent": mark.spent,
+        "errors": errors,
+        "unclaimed": mark.unclaimed,
+        "wait_ms": mark.wait.as_millis() as u64,
+    })
+}
 
 /// What one mark records.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,8 +76,9 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
-    /// Reads `steps`; steps that are not this backend's are counted and otherwise left alone.
-    pub(crate) fn read(steps: &Map<String, Value>) -> Self {
+    /// Reads `steps`, after what the run before carried (a continued run); steps that are not
+    /// this backend's are counted and otherwise left alone.
+    pub(crate) fn read(steps: &Map<String, Value>, carried: Option<&Value>) -> Self {
         let mut ours: Vec<(usize, bool, &Value)> = steps
             .iter()
             .filter_map(|(id, value)| {
@@ -55,23 +89,29 @@ impl Progress {
             .collect();
         ours.sort_by_key(|(n, _, _)| *n);
         let mut progress = Self { steps: steps.len(), ..Self::default() };
+        if let Some(carried) = carried {
+            progress.note(carried);
+        }
         for (_, is_mark, value) in ours {
             if !is_mark {
                 progress.pending = None;
                 continue;
             }
             // A memoized StepRun is `{"data": …}`.
-            let data = value.get("data").unwrap_or(value);
-            progress.spent = data.get("spent").and_then(Value::as_u64).unwrap_or(0) as u32;
-            progress.unclaimed = data.get("unclaimed").and_then(Value::as_u64).unwrap_or(0) as u32;
-            if let Some(error) = data.get("error").and_then(|e| serde_json::from_value::<AttemptError>(e.clone()).ok())
-            {
-                progress.errors.push(error);
-            }
-            let wait = Duration::from_millis(data.get("wait_ms").and_then(Value::as_u64).unwrap_or(0));
-            progress.pending = (!wait.is_zero()).then_some(wait);
+            progress.note(value.get("data").unwrap_or(value));
         }
         progress
+    }
+
+    /// Takes in a mark's data, or what a run before carried (its errors, a list).
+    fn note(&mut self, data: &Value) {
+        self.spent = data.get("spent").and_then(Value::as_u64).unwrap_or(0) as u32;
+        self.unclaimed = data.get("unclaimed").and_then(Value::as_u64).unwrap_or(0) as u32;
+        let read = |e: &Value| serde_json::from_value::<AttemptError>(e.clone()).ok();
+        self.errors.extend(data.get("error").and_then(read));
+        self.errors.extend(data.get("errors").and_then(Value::as_array).into_iter().flatten().filter_map(read));
+        let wait = Duration::from_millis(data.get("wait_ms").and_then(Value::as_u64).unwrap_or(0));
+        self.pending = (!wait.is_zero()).then_some(wait);
     }
 
     /// The attempt a call is: the spent attempts, Inngest's calls again since the last step
@@ -140,23 +180,39 @@ mod tests {
 
     #[test]
     fn attempts_and_errors_come_back_from_the_marks() {
-        assert_eq!(Progress::read(&Map::new()).attempt(0), 1);
+        assert_eq!(Progress::read(&Map::new(), None).attempt(0), 1);
         let at = Utc::now();
         let failed =
             Mark { spent: 1, error: Some(error_at(1, "boom", at)), wait: Duration::from_millis(250), unclaimed: 0 };
         let mut steps = memoized(&[mark_op(0, &failed)]);
-        let progress = Progress::read(&steps);
+        let progress = Progress::read(&steps, None);
         assert_eq!(progress.pending, Some(Duration::from_millis(250)), "the mark's wait is next");
         steps.extend(memoized(&[wait_op(1, Duration::from_millis(250))]));
-        let progress = Progress::read(&steps);
+        let progress = Progress::read(&steps, None);
         assert_eq!((progress.pending, progress.steps, progress.attempt(0)), (None, 2, 2));
         // A crash after it: Inngest called again once, and the attempt counts it.
         assert_eq!(progress.attempt(1), 3);
         let deferred = Mark { spent: 2, error: None, wait: Duration::from_secs(3), unclaimed: 0 };
         steps.extend(memoized(&[mark_op(2, &deferred), wait_op(3, Duration::from_secs(3))]));
-        let progress = Progress::read(&steps);
+        let progress = Progress::read(&steps, None);
         assert_eq!(progress.attempt(0), 3, "a deferral spends nothing");
         assert_eq!(progress.errors.iter().map(|e| (e.attempt, e.error.as_str())).collect::<Vec<_>>(), [(1, "boom")]);
         assert_eq!(wait_op(0, Duration::from_millis(1500))["opts"]["duration"], "2s");
+    }
+
+    #[test]
+    fn a_continued_run_starts_where_the_run_before_stopped() {
+        let at = Utc::now();
+        let before = [error_at(1, "boom", at)];
+        let mark = Mark { spent: 2, error: Some(error_at(2, "bang", at)), wait: Duration::from_secs(2), unclaimed: 0 };
+        let carried = carry(&before, &mark);
+        let started = Progress::read(&Map::new(), Some(&carried));
+        assert_eq!(started.pending, Some(Duration::from_secs(2)), "the wait is slept first");
+        assert_eq!(started.errors.iter().map(|e| e.error.as_str()).collect::<Vec<_>>(), ["boom", "bang"]);
+        let slept = Progress::read(&memoized(&[wait_op(0, Duration::from_secs(2))]), Some(&carried));
+        assert_eq!((slept.pending, slept.attempt(0), slept.steps), (None, 3, 1));
+        let data = json!({ "kind": "charge", CARRIED: carried });
+        let (body, found) = split_carried(&data);
+        assert_eq!((body.as_str(), found.is_some()), (r#"{"kind":"charge"}"#, true));
     }
 }

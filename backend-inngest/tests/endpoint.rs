@@ -233,3 +233,34 @@ async fn a_kind_nothing_here_handles_becomes_a_record_after_its_rounds() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     worker.shutdown().await;
 }
+
+/// The counterpart: a worker that starts while its kind is paused claims none of its calls, and
+/// they go back round after round, but none counts towards "handled nowhere": no record, and
+/// once resumed the job runs, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_paused_before_its_worker_starts_is_no_kind_nothing_handles() {
+    use redrive_core::Flow;
+    use redrive_core::kit::Ledger;
+    let rig = common::rig_with(common::emulator(), |c| {
+        c.with_unclaimed_rounds(2).with_park_limit(Duration::from_millis(200))
+    })
+    .await;
+    let flow = rig.ledger.flow().expect("PostgreSQL keeps a flow store");
+    assert!(flow.pause(Charge::KIND, "the card network is down", "ana", None).await.unwrap());
+    let runs = Arc::new(AtomicU32::new(0));
+    let worker = counting_worker(&rig, &runs);
+    rig.backend.enqueue(NewJob::from_job(&Charge { order: 5 }).unwrap()).await.unwrap();
+    // Past twice the rounds: a call of a kind nothing handled would be a record by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let records = rig.backend.list(&FailureQuery::open()).await.unwrap();
+    assert!(records.is_empty(), "a pause makes no record: {records:#?}");
+    let calls = rig.emulator.calls().len();
+    assert!(calls >= 5, "the call went back round after round: {calls} calls");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran while paused");
+    assert!(flow.resume(Charge::KIND, "bo").await.unwrap());
+    wait_for(|| async { (runs.load(Ordering::SeqCst) == 1).then_some(()) }).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    worker.shutdown().await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(rig.backend.list(&FailureQuery::open()).await.unwrap().is_empty());
+}

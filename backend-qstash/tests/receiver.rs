@@ -472,6 +472,40 @@ async fn a_kind_no_worker_handles_becomes_a_record_after_its_unclaimed_rounds() 
     assert!(rounds <= 21, "bounded: {rounds} deliveries (20 unclaimed rounds by default)");
 }
 
+/// The counterpart: a worker that starts while its kind is paused claims none of its deliveries,
+/// and they go back round after round, but none counts towards "handled nowhere": no record
+/// after more than the rounds, and once resumed the job runs, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_paused_before_its_worker_starts_is_no_kind_nothing_handles() {
+    use redrive_core::kit::Ledger;
+    use redrive_core::{DeadLetter, FailureQuery, Flow, Job};
+    let rig = common::rig_with(common::emulator(), |c| {
+        c.with_park_limit(Duration::from_millis(100)).with_unclaimed_rounds(2)
+    })
+    .await;
+    let flow = rig.ledger.flow().expect("PostgreSQL keeps a flow store");
+    assert!(flow.pause(Grant::KIND, "the ledger service is down", "ana", None).await.unwrap());
+    let (worker, runs) = common::counting_worker::<Grant>(&rig);
+    rig.backend.enqueue(NewJob::from_job(&Grant { account: 3 }).unwrap()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let records = rig.backend.list(&FailureQuery::open()).await.unwrap();
+    assert!(records.is_empty(), "a pause makes no record: {records:#?}");
+    let rounds = rig.emulator.deliveries().len();
+    assert!(rounds >= 3, "the delivery went back round after round: {rounds} deliveries");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran while paused");
+    assert!(flow.resume(Grant::KIND, "bo").await.unwrap());
+    let ran = tokio::time::timeout(Duration::from_secs(30), async {
+        while runs.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    assert!(ran.await.is_ok(), "resumed, the job runs");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    worker.shutdown().await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(rig.backend.list(&FailureQuery::open()).await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn a_delivery_refused_past_the_park_bound_is_not_charged_an_attempt() {
     let rig = common::rig_with(common::emulator().signing_keys(CURRENT, NEXT), |c| {

@@ -132,7 +132,7 @@ async fn doctor_reports_an_inngest_app_not_synced_then_passes_once_it_is() {
 
     backend.sync().await.unwrap();
     let (_, synced) = report();
-    for rule in ["inngest.functions", "inngest.endpoint", "inngest.call-timeout", "inngest.steps", "pg.migrations"] {
+    for rule in ["inngest.functions", "inngest.endpoint", "inngest.call-timeout", "pg.migrations"] {
         assert_eq!(status(&synced, rule)[0]["status"], "pass", "{rule}: {synced:#}");
     }
 }

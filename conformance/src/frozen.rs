@@ -125,6 +125,9 @@ impl<T: Enqueue> Enqueue for Frozen<T> {
 }
 
 impl<T: Claim> Claim for Frozen<T> {
+    fn handles(&self, kinds: &Kinds) {
+        self.inner.handles(kinds);
+    }
     async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> R<Vec<Claimed>> {
         self.freeze.hang_if(Freeze::CLAIMS).await;
         self.inner.claim(kinds, max, lease, wait).await

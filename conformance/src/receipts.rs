@@ -61,6 +61,9 @@ type R<T> = redrive_core::Result<T>;
 forward_capabilities_and_records!(Watched);
 
 impl<T: Claim> Claim for Watched<T> {
+    fn handles(&self, kinds: &Kinds) {
+        self.inner.handles(kinds);
+    }
     async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> R<Vec<Claimed>> {
         let claimed = self.inner.claim(kinds, max, lease, wait).await?;
         claimed.iter().for_each(|c| self.tokens.watch(&c.lease.token));

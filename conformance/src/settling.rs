@@ -93,6 +93,9 @@ type R<T> = redrive_core::Result<T>;
 forward_capabilities_and_records!(Busy);
 
 impl<Q: Claim> Claim for Busy<Q> {
+    fn handles(&self, kinds: &Kinds) {
+        self.inner.handles(kinds);
+    }
     async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> R<Vec<Claimed>> {
         let claimed = self.inner.claim(kinds, max, lease, wait).await?;
         let mut log = self.log.lock().unwrap();

@@ -26,6 +26,7 @@ pub(crate) struct Config {
     pub(crate) signing_key_fallback: Option<String>,
     pub(crate) dedupe_window: Duration,
     pub(crate) time_scale: f64,
+    pub(crate) max_steps: usize,
 }
 
 impl Config {
@@ -207,6 +208,13 @@ impl Shared {
                 Verdict::Done(output) => {
                     self.end(&run_id, RunStatus::Completed, Some(output), None);
                     info!(run = %run_id, function = %function.id, "run completed");
+                    return;
+                }
+                Verdict::Ops(ops) if steps.len() + ops.len() > self.config.max_steps => {
+                    let limit = self.config.max_steps;
+                    let error =
+                        json!({ "name": "Error", "message": format!("the run reached its limit of {limit} steps") });
+                    self.fail(&function, &run_id, &event, error);
                     return;
                 }
                 Verdict::Ops(ops) => match self.step(&ops, &mut steps, &mut stack, &mut step_id).await {

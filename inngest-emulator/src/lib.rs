@@ -7,7 +7,7 @@
 //! [`Emulator::sync`]). Each run calls its function with a signed request
 //! (`X-Inngest-Signature`, over the body's canonical JSON), retries errors with Inngest's backoff
 //! (scaled by [`EmulatorBuilder::time_scale`]) up to the function's attempts, honours
-//! `Retry-After` and `X-Inngest-No-Retry`, runs steps and sleeps, and announces a failed run with
+//! `Retry-After` and `X-Inngest-No-Retry`, runs steps and sleeps (1,000 a run at most, as Inngest), and announces a failed run with
 //! an `inngest/function.failed` event. The runs API reads, cancels and reruns runs. The official
 //! SDKs (npm `inngest`, PyPI `inngest`) work against it.
 //!
@@ -239,6 +239,7 @@ pub struct EmulatorBuilder {
     signing_key_fallback: Option<String>,
     dedupe_window: Duration,
     time_scale: f64,
+    max_steps: usize,
 }
 
 impl EmulatorBuilder {
@@ -274,6 +275,13 @@ impl EmulatorBuilder {
         self
     }
 
+    /// The most steps a run may memoize (1,000, Inngest's limit): a step past it fails the run,
+    /// which is announced as any failed run is.
+    pub fn max_steps(mut self, steps: usize) -> Self {
+        self.max_steps = steps;
+        self
+    }
+
     /// Starts on 127.0.0.1 at a free port.
     pub async fn start_local(self) -> Result<Emulator, Error> {
         self.start(SocketAddr::from(([127, 0, 0, 1], 0))).await
@@ -293,6 +301,7 @@ impl EmulatorBuilder {
                 signing_key_fallback: self.signing_key_fallback,
                 dedupe_window: self.dedupe_window,
                 time_scale: self.time_scale,
+                max_steps: self.max_steps,
             },
             state: Mutex::new(State::default()),
             changed: Notify::new(),
@@ -342,6 +351,7 @@ impl Emulator {
             signing_key_fallback: None,
             dedupe_window: Duration::from_secs(24 * 3600),
             time_scale: 1.0,
+            max_steps: 1_000,
         }
     }
 

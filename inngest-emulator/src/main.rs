@@ -26,6 +26,9 @@ struct Args {
     /// Multiplier of the retry backoff (e.g. 0.01 for fast local retries).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// The most steps a run may memoize (Inngest's limit: 1000).
+    #[arg(long, default_value_t = 1_000)]
+    max_steps: usize,
 }
 
 #[tokio::main]
@@ -35,8 +38,11 @@ async fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let args = Args::parse();
-    let mut builder =
-        Emulator::builder().event_key(args.event_key).dedupe_window(args.dedupe_window).time_scale(args.time_scale);
+    let mut builder = Emulator::builder()
+        .event_key(args.event_key)
+        .dedupe_window(args.dedupe_window)
+        .time_scale(args.time_scale)
+        .max_steps(args.max_steps);
     if let Some(key) = args.signing_key {
         builder = builder.signing_key(key);
     }

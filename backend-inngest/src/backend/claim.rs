@@ -1,5 +1,6 @@
 //! `Claim` and `Renew` on Inngest: parked calls taken under a lease token, and the verdicts that
-//! answer them. A retry, a deferral and a hand-back answer with a mark (see `steps`); a dead
+//! answer them. A retry, a deferral and a hand-back answer with a mark (see `steps`: Inngest
+//! memoizes it and calls again, and the next call sleeps the mark's wait); a dead
 //! letter writes the record, then fails the run.
 
 use std::time::Duration;
@@ -11,15 +12,9 @@ use redrive_core::{FailureId, FailureRecord, Result};
 use tracing::warn;
 
 use super::{InngestBackend, ParkedCall, Verdict};
-use crate::steps::{Mark, error_at, mark_op};
+use crate::steps::{Mark, error_at};
 
 impl InngestBackend {
-    /// The verdict that marks `mark` on the call's run: Inngest memoizes it and calls again,
-    /// and the next call sleeps the mark's wait.
-    fn mark(call: &ParkedCall, mark: &Mark) -> Verdict {
-        Verdict::Ops(vec![mark_op(call.progress.steps, mark)])
-    }
-
     /// What a parked call whose time ran out is answered: one no worker claimed goes back at no
     /// attempt's cost (a record, past the rounds, for a kind nothing here handles); one whose
     /// lease lapsed (its worker died or stalled) gets a 500, and Inngest's call again counts the
@@ -49,7 +44,7 @@ impl InngestBackend {
         // Back after the park limit: a kind no worker here handles comes back at that pace, not
         // at once in a loop of billed calls.
         let wait = if wanted { Duration::ZERO } else { self.inner.config.park_limit };
-        Self::mark(call, &Mark { spent: job.attempt.saturating_sub(1), error: None, wait, unclaimed })
+        Verdict::Mark(Mark { spent: job.attempt.saturating_sub(1), error: None, wait, unclaimed })
     }
 
     /// The record of the call's job failing now with `error`: its run's id, its history.
@@ -60,6 +55,10 @@ impl InngestBackend {
 }
 
 impl Claim for InngestBackend {
+    fn handles(&self, kinds: &Kinds) {
+        self.inner.parked.handles(kinds);
+    }
+
     async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
         Ok(self.inner.parked.claim(kinds, max, lease, wait).await)
     }
@@ -74,14 +73,14 @@ impl Claim for InngestBackend {
         let error = error_at(attempt, error, Utc::now());
         // A mark's wait is at least a millisecond: the sleep is what ends the mark.
         let wait = delay.max(Duration::from_millis(1));
-        let verdict = Self::mark(&call, &Mark { spent: attempt, error: Some(error), wait, unclaimed: 0 });
+        let verdict = Verdict::Mark(Mark { spent: attempt, error: Some(error), wait, unclaimed: 0 });
         call.answer(verdict)
     }
 
     async fn defer(&self, lease: &Lease, delay: Duration) -> Result<()> {
         let call = self.inner.parked.settle(lease)?;
         let spent = call.job.attempt.saturating_sub(1);
-        let verdict = Self::mark(&call, &Mark { spent, error: None, wait: delay, unclaimed: 0 });
+        let verdict = Verdict::Mark(Mark { spent, error: None, wait: delay, unclaimed: 0 });
         call.answer(verdict)
     }
 

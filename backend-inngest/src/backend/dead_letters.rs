@@ -29,15 +29,18 @@ impl InngestBackend {
         };
         let event = &data["event"];
         let event_id = event["id"].as_str().unwrap_or(run_id).to_owned();
-        let body = serde_json::to_string(&event["data"]).unwrap_or_default();
+        // A continued run's event carries the errors of the runs before it.
+        let (body, carried) = crate::steps::split_carried(&event["data"]);
+        let before = crate::steps::Progress::read(&serde_json::Map::new(), carried.as_ref());
         let (env, undecodable) = carried_job("inngest", &event_id, &body, Known::default(), Utc::now());
         let error = match &data["error"] {
             Value::String(s) => s.clone(),
             error => error["message"].as_str().map_or_else(|| error.to_string(), str::to_owned),
         };
         let error = redrive_core::kit::broker::last_error(&format!("Inngest failed the run: {error}"));
-        let attempts = self.inner.config.retries + 1;
-        let errors = vec![AttemptError { attempt: attempts, at: Utc::now(), error: error.clone() }];
+        let attempts = before.spent + self.inner.config.retries + 1;
+        let mut errors = before.errors;
+        errors.push(AttemptError { attempt: attempts, at: Utc::now(), error: error.clone() });
         let mut record =
             dead_record((FailureId(run_id.to_owned()), JobId(event_id)), env, error, errors, attempts, Utc::now());
         if let Some(why) = undecodable {

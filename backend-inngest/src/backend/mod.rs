@@ -36,7 +36,7 @@ pub struct InngestBackend {
 pub(crate) struct Inner {
     pub(crate) api: Api,
     pub(crate) config: InngestConfig,
-    core: BrokerCore,
+    pub(crate) core: BrokerCore,
     /// Calls parked here: waiting for a worker, or claimed.
     pub(crate) parked: Parked<Parcel, Verdict>,
 }
@@ -57,8 +57,10 @@ pub(crate) type ParkedCall = Call<Parcel, Verdict>;
 pub(crate) enum Verdict {
     /// 200: the run is complete.
     Done,
-    /// 206 with ops: a mark, or a sleep.
-    Ops(Vec<Value>),
+    /// 206 with a mark (or, near the run's step limit, 200 after the run continues as a new one).
+    Mark(crate::steps::Mark),
+    /// 206 with a sleep: a mark's wait.
+    Wait(Duration),
     /// 400 with `X-Inngest-No-Retry: true`: the run fails, with this error.
     Fail(String),
     /// 500 with `X-Inngest-No-Retry: false`: Inngest calls again, and that counts an attempt.

@@ -114,6 +114,10 @@ impl QStashBackend {
 }
 
 impl Claim for QStashBackend {
+    fn handles(&self, kinds: &Kinds) {
+        self.inner.parked.handles(kinds);
+    }
+
     async fn claim(&self, kinds: &Kinds, max: usize, lease: Duration, wait: Duration) -> Result<Vec<Claimed>> {
         Ok(self.inner.parked.claim(kinds, max, lease, wait).await)
     }

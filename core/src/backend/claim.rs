@@ -67,6 +67,14 @@ pub trait Claim: Backend {
         wait: Duration,
     ) -> impl Future<Output = Result<Vec<Claimed>>> + Send;
 
+    /// The kinds a worker has handlers for, told once as it starts, whether or not a kind is
+    /// paused (a paused kind is not claimed while the backend claims by kind). A push backend
+    /// tells by it a call of a kind that is only paused here from one no worker here handles,
+    /// which it makes a record after its rounds. Nothing by default; a wrapper passes it on.
+    fn handles(&self, kinds: &Kinds) {
+        let _ = kinds;
+    }
+
     /// The job is done; it will not run again. `result` is the effect's result, stored where the
     /// queue is its own jobs' ledger ([`Claimed::begun`]); others ignore it.
     fn complete(&self, lease: &Lease, result: Option<&Value>) -> impl Future<Output = Result<()>> + Send;

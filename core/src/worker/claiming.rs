@@ -156,6 +156,7 @@ pub(super) async fn claim_loop<Q: Claim + DeadLetter + 'static, L: Ledger + 'sta
     stop: CancellationToken,
     tracker: TaskTracker,
 ) {
+    shared.queue.handles(&shared.claiming.kinds);
     let claimers = shared.config.claimers.max(1);
     let room = Arc::new(Semaphore::new(shared.batch() * claimers));
     let (buffer, waiting) = mpsc::unbounded_channel::<(Instant, Claimed)>();

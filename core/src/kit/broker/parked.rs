@@ -240,7 +240,13 @@ impl<T, V> Parked<T, V> {
         }
     }
 
-    /// Whether a claim of this process ever asked for `kind`.
+    /// Remembers the kinds a worker of this process handles (`Claim::handles`): a call of one
+    /// that is paused is not a call nothing here handles.
+    pub fn handles(&self, kinds: &Kinds) {
+        self.want(kinds);
+    }
+
+    /// Whether a worker of this process handles `kind`, or a claim ever asked for it.
     pub fn wanted(&self, kind: &str) -> bool {
         lock(&self.wanted).as_ref().is_none_or(|set| set.contains(kind))
     }
