@@ -1,5 +1,5 @@
-//! `redrive serve` on the brokers, SQS (moto) and Azure Queue Storage (Azurite) with their records
-//! in PostgreSQL, and on a SQLite file. The dashboard lists what the queues dead-lettered, discards
+//! `redrive serve` on the brokers, SQS (moto), Azure Queue Storage (Azurite) and Inngest (the
+//! emulator) with their records in PostgreSQL, and on a SQLite file. The dashboard lists what the queues dead-lettered, discards
 //! one and replays the other through its forms, its process restarted keeps the audit trail, and
 //! the replayed job is back on the queue once; a kind paused on its Kinds page is paused in the
 //! file, or in the broker's records database. The browser
@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{database, serve, sqs_endpoint, unique};
+use common::{database, serve_in, sqs_endpoint, unique};
 use redrive_azure::{AzureBackend, QueueOptions};
 use redrive_core::kit::{Claim, Kinds};
 use redrive_core::{DeadLetter, Enqueue, FailureQuery, Flow, IdempotencyKey, NewJob, RecordState};
@@ -40,8 +40,8 @@ async fn two_failures(queue: &(impl Enqueue + Claim)) {
 /// Through the dashboard: the overview counts two open records; one is discarded with a reason
 /// and a name, the other replayed. The dashboard restarted, its audit trail still says who did
 /// what and why. Returns the replayed record's key.
-async fn operate(backend: &str, schema: &str, queue: &impl DeadLetter) -> IdempotencyKey {
-    let (served, url) = serve(backend, schema, None);
+async fn operate(backend: &str, schema: &str, queue: &impl DeadLetter, env: &[(&str, String)]) -> IdempotencyKey {
+    let (served, url) = serve_in(backend, schema, None, &[], env);
     let http =
         reqwest::Client::builder().cookie_store(true).redirect(reqwest::redirect::Policy::none()).build().unwrap();
     let overview = http.get(format!("{url}/")).send().await.unwrap().text().await.unwrap();
@@ -65,7 +65,7 @@ async fn operate(backend: &str, schema: &str, queue: &impl DeadLetter) -> Idempo
     assert!(matches!(queue.get(&records[1].id).await.unwrap().state, RecordState::Replaying { .. }));
 
     drop(served); // the process is killed
-    let (_served, url) = serve(backend, schema, None);
+    let (_served, url) = serve_in(backend, schema, None, &[], env);
     let audit = reqwest::get(format!("{url}/audit")).await.unwrap().text().await.unwrap();
     assert!(audit.contains("discarded by ada: sent by hand"), "{audit}");
     assert!(audit.contains("replayed by ada: carrier back"), "{audit}");
@@ -74,8 +74,8 @@ async fn operate(backend: &str, schema: &str, queue: &impl DeadLetter) -> Idempo
 
 /// Through the dashboard's Kinds page: a pause with a reason and a name, kept in `store` (the
 /// file, or a broker's records database), then a resume.
-async fn pause_and_resume(backend: &str, schema: &str, store: &impl Flow) {
-    let (_served, url) = serve(backend, schema, None);
+async fn pause_and_resume(backend: &str, schema: &str, store: &impl Flow, env: &[(&str, String)]) {
+    let (_served, url) = serve_in(backend, schema, None, &[], env);
     let http =
         reqwest::Client::builder().cookie_store(true).redirect(reqwest::redirect::Policy::none()).build().unwrap();
     let confirm = http.get(format!("{url}/kinds/pause?kind=ship")).send().await.unwrap().text().await.unwrap();
@@ -118,7 +118,7 @@ async fn the_dashboard_works_an_sqs_queue() {
         .await
         .unwrap_or_else(|e| panic!("moto's SQS is required (run scripts/test): {e}"));
     two_failures(&queue).await;
-    let key = operate(&format!("sqs://{name}"), db.schema(), &queue).await;
+    let key = operate(&format!("sqs://{name}"), db.schema(), &queue, &[]).await;
     back_once(&queue, &key).await;
 }
 
@@ -131,9 +131,9 @@ async fn the_dashboard_works_an_azure_queue() {
         .await
         .unwrap_or_else(|e| panic!("Azurite is required (run scripts/test): {e}"));
     two_failures(&queue).await;
-    let key = operate(&format!("azure://{name}"), db.schema(), &queue).await;
+    let key = operate(&format!("azure://{name}"), db.schema(), &queue, &[]).await;
     back_once(&queue, &key).await;
-    pause_and_resume(&format!("azure://{name}"), db.schema(), &db).await;
+    pause_and_resume(&format!("azure://{name}"), db.schema(), &db, &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +142,35 @@ async fn the_dashboard_works_a_sqlite_file() {
     let path = dir.path().join("app.db");
     let file = redrive_sqlite::SqliteBackend::open(redrive_sqlite::SqliteConfig::new(&path)).await.unwrap();
     two_failures(&file).await;
-    let key = operate(&format!("sqlite://{}", path.display()), "-", &file).await;
+    let key = operate(&format!("sqlite://{}", path.display()), "-", &file, &[]).await;
     back_once(&file, &key).await;
-    pause_and_resume(&format!("sqlite://{}", path.display()), "-", &file).await;
+    pause_and_resume(&format!("sqlite://{}", path.display()), "-", &file, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_works_an_inngest_app() {
+    let db = database().await;
+    let emulator = redrive_inngest_emulator::Emulator::builder().time_scale(0.01).start_local().await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("{}/api/inngest", listener.local_addr().unwrap());
+    let config =
+        redrive_inngest::InngestConfig::new(emulator.event_key(), emulator.signing_key(), format!("http://{endpoint}"))
+            .with_base_url(emulator.url())
+            .with_app_id("shop")
+            .allow_plain_http();
+    let app = redrive_inngest::InngestBackend::connect(config, std::sync::Arc::new(db.clone())).await.unwrap();
+    let router = axum::Router::new().route("/api/inngest", app.endpoint());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    app.sync().await.unwrap();
+    let env = [
+        ("INNGEST_EVENT_KEY", emulator.event_key().to_owned()),
+        ("INNGEST_SIGNING_KEY", emulator.signing_key().to_owned()),
+        ("INNGEST_BASE_URL", emulator.url()),
+    ];
+    let url = format!("inngest+http://{endpoint}?app=shop");
+    two_failures(&app).await;
+    let key = operate(&url, db.schema(), &app, &env).await;
+    // The replay is a new event: Inngest calls the endpoint, and the job is there to claim.
+    back_once(&app, &key).await;
+    pause_and_resume(&url, db.schema(), &db, &env).await;
 }

@@ -74,7 +74,19 @@ pub fn serve(backend: &str, schema: &str, token: Option<&str>) -> (Served, Strin
 
 /// [`serve`] with more of `redrive serve`'s options.
 pub fn serve_with(backend: &str, schema: &str, token: Option<&str>, options: &[&str]) -> (Served, String) {
+    serve_in(backend, schema, token, options, &[])
+}
+
+/// [`serve_with`], with settings the backend takes from the environment (Inngest's keys).
+pub fn serve_in(
+    backend: &str,
+    schema: &str,
+    token: Option<&str>,
+    options: &[&str],
+    env: &[(&str, String)],
+) -> (Served, String) {
     let mut command = redrive_command(backend, schema);
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     command.args(["serve", "--bind", "127.0.0.1:0"]).args(options).stderr(Stdio::piped());
     if let Some(token) = token {
         command.env("REDRIVE_DASHBOARD_TOKEN", token);
