@@ -146,8 +146,8 @@ impl InngestConfig {
     }
 
     /// The most steps Inngest allows a run (1,000). Each retry or deferral takes two (its mark
-    /// and its sleep); a run that would come within ten of the limit continues as a new run of
-    /// the same job, carrying its attempts and errors.
+    /// and its sleep); a run whose next ones would come within ten of the limit continues as a
+    /// new run of the same job, carrying its id, attempts and errors.
     pub fn with_max_steps(mut self, steps: usize) -> Self {
         self.max_steps = steps;
         self

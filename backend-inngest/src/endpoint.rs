@@ -47,17 +47,21 @@ impl InngestBackend {
 impl InngestBackend {
     /// Continues the call's run as a new run of the same job: its event sent again, carrying
     /// the run so far and `mark`, under an id of the run's (a second try sends the same id, and
-    /// Inngest starts one run for it). The old run then completes.
+    /// Inngest starts one run for it). The old run then completes. The send waits at most half
+    /// the call's time, so that Inngest hears the answer.
     async fn continue_run(&self, place: &Place<'_>, mark: &Mark) -> redrive_core::Result<()> {
         let mut data = place.event["data"].clone();
         let Some(fields) = data.as_object_mut() else {
             return Err(redrive_core::Error::new(redrive_core::ErrorKind::Decode, "the event's data is not an object"));
         };
-        fields.insert(CARRIED.to_owned(), carry(&place.errors, mark));
+        fields.insert(CARRIED.to_owned(), carry(place.job_id, &place.errors, mark));
         let id = redrive_core::kit::payload_fingerprint(&json!(["continued", self.inner.core.scope(), place.run_id]));
         let event = json!({ "name": self.inner.config.event_name(), "id": id, "data": data,
                             "ts": Utc::now().timestamp_millis() });
-        self.inner.api.send(&[event]).await?;
+        let within = self.inner.config.call_timeout / 2;
+        tokio::time::timeout(within, self.inner.api.send(&[event]))
+            .await
+            .map_err(|_| redrive_core::Error::temporary("Inngest send events: timed out"))??;
         info!(run = place.run_id, steps = place.steps, continued_as = %id, attempts_spent = mark.spent,
             "an Inngest run near its step limit continues as a new run");
         Ok(())
@@ -89,33 +93,25 @@ fn answer(backend: &InngestBackend, status: StatusCode, body: &Value, no_retry: 
     response
 }
 
-/// Where a call's run stands, for its answer.
+/// Where a call's run stands: what continuing it as a new run carries.
 struct Place<'a> {
     /// The steps the run has memoized.
     steps: usize,
-    /// Its errors so far (carried into a continued run).
+    /// Its errors so far.
     errors: Vec<AttemptError>,
     /// The call's event.
     event: &'a Value,
     run_id: &'a str,
+    /// The job's id: its first event's, kept across continued runs.
+    job_id: &'a str,
 }
 
-async fn respond(backend: &InngestBackend, place: &Place<'_>, verdict: Verdict) -> Response {
+/// The answer to a call of a run with `steps` memoized.
+fn respond(backend: &InngestBackend, steps: usize, verdict: Verdict) -> Response {
     match verdict {
         Verdict::Done => answer(backend, StatusCode::OK, &Value::Null, None),
-        Verdict::Mark(mark) => {
-            // The mark and its sleep would bring the run within the reserve of Inngest's limit.
-            if place.steps + 2 + STEP_RESERVE > backend.inner.config.max_steps {
-                match backend.continue_run(place, &mark).await {
-                    Ok(()) => return answer(backend, StatusCode::OK, &json!({ "continued": true }), None),
-                    // The reserve leaves room for the mark: the next one tries again.
-                    Err(e) => warn!(error = %e, run = place.run_id, "a run near its step limit could not continue"),
-                }
-            }
-            let ops = json!([mark_op(place.steps, &mark)]);
-            answer(backend, StatusCode::PARTIAL_CONTENT, &ops, None)
-        }
-        Verdict::Wait(wait) => answer(backend, StatusCode::PARTIAL_CONTENT, &json!([wait_op(place.steps, wait)]), None),
+        Verdict::Mark(mark) => answer(backend, StatusCode::PARTIAL_CONTENT, &json!([mark_op(steps, &mark)]), None),
+        Verdict::Wait(wait) => answer(backend, StatusCode::PARTIAL_CONTENT, &json!([wait_op(steps, wait)]), None),
         Verdict::Fail(error) => {
             answer(backend, StatusCode::BAD_REQUEST, &json!({ "name": "Error", "message": error }), Some(true))
         }
@@ -205,45 +201,62 @@ async fn call(
     run(&backend, &request).await
 }
 
-/// A call of the queue's function: its pending sleep, or its job parked for a worker.
+/// A call of the queue's function: its pending sleep, the run continued near its step limit, or
+/// its job parked for a worker.
 async fn run(backend: &InngestBackend, request: &Value) -> Response {
     let config = &backend.inner.config;
     let event = &request["event"];
     let (text, carried) = split_carried(&event["data"]);
     let empty = Map::new();
     let progress = Progress::read(request["steps"].as_object().unwrap_or(&empty), carried.as_ref());
-    let run_id = request["ctx"]["run_id"].as_str().unwrap_or_default().to_owned();
-    let place = Place { steps: progress.steps, errors: progress.errors.clone(), event, run_id: &run_id };
+    let steps = progress.steps;
     if let Some(wait) = progress.pending {
         // A mark's sleep: no worker is asked.
-        return respond(backend, &place, Verdict::Wait(wait)).await;
+        return respond(backend, steps, Verdict::Wait(wait));
     }
-    let event_id = event["id"].as_str().unwrap_or(&run_id).to_owned();
+    let run_id = request["ctx"]["run_id"].as_str().unwrap_or_default().to_owned();
+    // A continued run's job keeps the id of its first event.
+    let carried_id = carried.as_ref().and_then(|c| c.get("job")).and_then(Value::as_str);
+    let event_id = carried_id.or(event["id"].as_str()).unwrap_or(&run_id).to_owned();
     let (env, undecodable) = carried_job("inngest", &event_id, &text, Known::default(), Utc::now());
     let ctx_attempt = request["ctx"]["attempt"].as_u64().unwrap_or(0) as u32;
     // Inngest's calls again count up to one past the attempts the job has left: a call past
     // its cap (the last attempt's worker died) is made a record by the worker, never run.
     let left = env.cap.saturating_sub(progress.spent);
     let attempt = progress.attempt(ctx_attempt.min(left));
+    if steps + 2 + STEP_RESERVE > config.max_steps {
+        // A mark and its sleep would bring the run within the reserve of Inngest's limit: the job
+        // goes on in a new run before it is parked here again, so that it is never in two.
+        let mark = Mark { spent: attempt - 1, error: None, wait: Duration::ZERO, unclaimed: progress.unclaimed };
+        let place = Place { steps, errors: progress.errors, event, run_id: &run_id, job_id: &event_id };
+        return match backend.continue_run(&place, &mark).await {
+            Ok(()) => answer(backend, StatusCode::OK, &json!({ "continued": true }), None),
+            // Nothing parked: the next call tries again (the same id), within the reserve.
+            Err(e) => {
+                warn!(error = %e, run = %run_id, "a run near its step limit could not continue yet");
+                respond(backend, steps, Verdict::Mark(Mark { wait: Duration::from_secs(1), ..mark }))
+            }
+        };
+    }
     // A job scheduled for later sleeps until then first, at no attempt's cost.
     if let Some(at) = env.not_before.filter(|at| *at > Utc::now()) {
         let wait = (at - Utc::now()).to_std().unwrap_or_default().max(Duration::from_millis(1));
         let mark = Mark { spent: attempt - 1, error: None, wait, unclaimed: 0 };
-        return respond(backend, &place, Verdict::Mark(mark)).await;
+        return respond(backend, steps, Verdict::Mark(mark));
     }
     let job = env.into_job(JobId(event_id), attempt, undecodable);
     let Some(_slot) = backend.inner.parked.slot() else {
         warn!(bound = config.max_parked, "an Inngest call was handed back: the endpoint holds its bound of calls");
         let mark =
             Mark { spent: attempt - 1, error: None, wait: Duration::from_secs(1), unclaimed: progress.unclaimed };
-        return respond(backend, &place, Verdict::Mark(mark)).await;
+        return respond(backend, steps, Verdict::Mark(mark));
     };
     debug!(job = %job.id, kind = %job.kind, key = %job.key, attempt, "Inngest call parked");
     let now = Instant::now();
     let timeout = config.call_timeout;
     let answer_by = now + timeout - (timeout / 10).min(Duration::from_secs(5));
-    let parcel = Parcel { run_id: run_id.clone(), progress };
-    let (call, verdict) = backend.inner.parked.park(job, parcel, answer_by, now + config.park_limit);
+    let (call, verdict) =
+        backend.inner.parked.park(job, Parcel { run_id, progress }, answer_by, now + config.park_limit);
     let verdict = backend.inner.parked.verdict(&call, verdict, "Inngest", |lapse| backend.lapsed(&call, lapse)).await;
-    respond(backend, &place, verdict.unwrap_or_else(|| Verdict::Again("no verdict".into()))).await
+    respond(backend, steps, verdict.unwrap_or_else(|| Verdict::Again("no verdict".into())))
 }

@@ -16,7 +16,7 @@
 //! | complete | 200 |
 //! | retry | the mark with the error, then a sleep of the delay |
 //! | defer | the mark without an error (no attempt spent), then the sleep |
-//! | long runs | a mark that would bring the run near Inngest's 1,000 steps sends the job's event again instead, carrying the attempts spent, the error history and the wait, and completes the run ([`InngestConfig::with_max_steps`]) |
+//! | long runs | a call of a run near Inngest's 1,000 steps is not parked: the job's event is sent again, carrying its id, the attempts spent, the error history and the wait, and the run completes ([`InngestConfig::with_max_steps`]) |
 //! | release | back to this process's waiting calls (no request) |
 //! | renew | the parked call waits longer, up to [`InngestConfig::with_call_timeout`] |
 //! | dead letter | the record written to the store (its id the run's), then 400 with `X-Inngest-No-Retry: true`: the run fails |

@@ -8,8 +8,8 @@
 //! and the job's attempt is the last mark's spent attempts, plus Inngest's calls since, plus one.
 //! Step ids are `redrive-<n>-mark` and `redrive-<n>-wait`, `n` the steps before it.
 //!
-//! Inngest allows a run 1,000 steps. A mark that would take the run near that **continues it as
-//! a new run** instead: the job's event is sent again, its data carrying what the marks held
+//! Inngest allows a run 1,000 steps. A call of a run near that **continues it as a new run**
+//! instead of being parked: the job's event is sent again, its data carrying what the marks held
 //! ([`CARRIED`]), and the old run completes. The new run starts from the carried progress.
 
 use std::time::Duration;
@@ -31,15 +31,17 @@ pub(crate) fn split_carried(data: &Value) -> (String, Option<Value>) {
     (serde_json::to_string(&data).unwrap_or_default(), carried)
 }
 
-/// What a run continued after `mark` carries: the spent attempts, every error so far (`errors`,
-/// then the mark's), the calls unclaimed, the wait still to sleep.
-pub(crate) fn carry(errors: &[AttemptError], mark: &Mark) -> Value {
+/// What a run continued after `mark` carries: the job's id (its first event's), the spent
+/// attempts, the errors so far (`errors`, then the mark's), the calls unclaimed, the wait still
+/// to sleep.
+pub(crate) fn carry(job: &str, errors: &[AttemptError], mark: &Mark) -> Value {
     let mut errors: Vec<&AttemptError> = errors.iter().chain(mark.error.as_ref()).collect();
     // The first and the latest, as a record keeps them: the event stays within its room.
     if errors.len() > HISTORY {
         errors.drain(1..errors.len() - (HISTORY - 1));
     }
     json!({
+        "job": job,
         "spent": mark.spent,
         "errors": errors,
         "unclaimed": mark.unclaimed,
@@ -205,7 +207,7 @@ mod tests {
         let at = Utc::now();
         let before = [error_at(1, "boom", at)];
         let mark = Mark { spent: 2, error: Some(error_at(2, "bang", at)), wait: Duration::from_secs(2), unclaimed: 0 };
-        let carried = carry(&before, &mark);
+        let carried = carry("evt-1", &before, &mark);
         let started = Progress::read(&Map::new(), Some(&carried));
         assert_eq!(started.pending, Some(Duration::from_secs(2)), "the wait is slept first");
         assert_eq!(started.errors.iter().map(|e| e.error.as_str()).collect::<Vec<_>>(), ["boom", "bang"]);

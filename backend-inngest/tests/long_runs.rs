@@ -105,7 +105,8 @@ async fn a_job_retried_past_a_run_s_room_keeps_its_attempts_and_errors_in_its_re
         .build()
         .start();
     // A cap of 12: 11 retries, 22 steps, past a run's 20.
-    rig.backend.enqueue(NewJob::from_job(&Export { report: 7 }).unwrap().with_cap(12)).await.unwrap();
+    let enqueued = rig.backend.enqueue(NewJob::from_job(&Export { report: 7 }).unwrap().with_cap(12)).await.unwrap();
+    let redrive_core::Enqueued::Created(job_id) = enqueued else { panic!("{enqueued:?}") };
     let mut records = Vec::new();
     for _ in 0..300 {
         records = rig.backend.list(&FailureQuery::open()).await.unwrap();
@@ -119,6 +120,7 @@ async fn a_job_retried_past_a_run_s_room_keeps_its_attempts_and_errors_in_its_re
     assert_eq!(records.len(), 1, "one record: {records:#?}");
     let record = &records[0];
     assert_eq!((record.attempts, record.cap, tries.load(Ordering::SeqCst)), (12, 12, 12), "{record:#?}");
+    assert_eq!(record.job_id, job_id, "the job keeps the id enqueue gave it, whichever run it ends in");
     let history: Vec<u32> = record.errors.iter().map(|e| e.attempt).collect();
     // The first error and the latest five, as every record keeps them: attempt 1 failed in the
     // first run, the latest in the last.

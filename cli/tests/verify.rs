@@ -435,6 +435,13 @@ async fn verify_passes_on_inngest_beside_the_application() {
     let found: Value = serde_json::from_str(&std::fs::read_to_string(found.unwrap()).unwrap()).unwrap();
     assert_eq!(found["identity"]["configuration"]["app"], "shop", "{found:#}");
     assert_eq!(item(&found, "replay", "dedupe")["deliveries"], 1, "{found:#}");
+    // Verify's records were kept as its own app's, and are gone too.
+    let own = format!("inngest+http://{listen}/verify?app=shop-verify");
+    let records = redrive(
+        &inngest_target(&emulator, db.schema(), &own, listen),
+        &["failed", "list", "--state", "all", "--kind", "redrive_verify"],
+    );
+    assert_eq!(records.status.code(), Some(2), "no record of verify's is left: {}", text(&records));
 
     // The application's registration is as it synced it; verify ran as an app of its own.
     let functions = emulator.functions();

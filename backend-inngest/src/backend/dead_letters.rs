@@ -28,17 +28,19 @@ impl InngestBackend {
             return Ok(());
         };
         let event = &data["event"];
-        let event_id = event["id"].as_str().unwrap_or(run_id).to_owned();
-        // A continued run's event carries the errors of the runs before it.
+        // A continued run's event carries the job's first id and the runs before it.
         let (body, carried) = crate::steps::split_carried(&event["data"]);
         let before = crate::steps::Progress::read(&serde_json::Map::new(), carried.as_ref());
+        let carried_id = carried.as_ref().and_then(|c| c.get("job")).and_then(Value::as_str);
+        let event_id = carried_id.or(event["id"].as_str()).unwrap_or(run_id).to_owned();
         let (env, undecodable) = carried_job("inngest", &event_id, &body, Known::default(), Utc::now());
         let error = match &data["error"] {
             Value::String(s) => s.clone(),
             error => error["message"].as_str().map_or_else(|| error.to_string(), str::to_owned),
         };
         let error = redrive_core::kit::broker::last_error(&format!("Inngest failed the run: {error}"));
-        let attempts = before.spent + self.inner.config.retries + 1;
+        // Inngest's calls again since the run's last mark are not in the event: at most the cap.
+        let attempts = (before.spent + self.inner.config.retries + 1).min(env.cap.max(1));
         let mut errors = before.errors;
         errors.push(AttemptError { attempt: attempts, at: Utc::now(), error: error.clone() });
         let mut record =
