@@ -519,6 +519,22 @@ pub(crate) struct VerifyArgs {
     timeout: Duration,
 }
 
+impl VerifyArgs {
+    /// `--listen`, which verify on a push service needs: it serves its own endpoint there.
+    #[cfg(any(feature = "qstash", feature = "inngest"))]
+    fn listen_for(&self, service: &str) -> Result<std::net::SocketAddr> {
+        self.listen.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Config,
+                format!(
+                    "redrive verify on {service} serves its own endpoint: give --listen ADDR, the address the \
+                     URL's host and path lead to (an endpoint no application serves)"
+                ),
+            )
+        })
+    }
+}
+
 /// Runs the four tests on `target` (or checks the evidence, with `--check-fresh`).
 pub(crate) async fn run(
     url: &str,
@@ -572,13 +588,7 @@ pub(crate) async fn run(
             // QStash pushes each message to its destination: verify serves a receiver of its own
             // there, at a URL no application receiver answers (checked), so the application's
             // workers never see its jobs, nor its DLQ entries theirs (records are per destination).
-            let listen = args.listen.ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Config,
-                    "redrive verify on QStash serves its own receiver: give --listen ADDR, the address the \
-                     URL's host and path lead to (a destination no application receiver uses)",
-                )
-            })?;
+            let listen = args.listen_for("QStash")?;
             let _receiver = crate::verify_push::serve(url, "QStash", q.receiver(), listen).await?;
             let mut subject = Subject::broker(q.clone(), records.clone());
             let dlq = q.clone();
@@ -605,13 +615,7 @@ pub(crate) async fn run(
             // runs as an app of its own, `<app>-verify`, served at the URL (which no application
             // endpoint may answer, checked), so the application's registration, calls and records
             // are untouched, and its events trigger no application function.
-            let listen = args.listen.ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Config,
-                    "redrive verify on Inngest serves its own endpoint: give --listen ADDR, the address the \
-                     URL's host and path lead to (an endpoint no application serves)",
-                )
-            })?;
+            let listen = args.listen_for("Inngest")?;
             let config = q.config().clone();
             let app = format!("{}-verify", config.app_id());
             let verifier =

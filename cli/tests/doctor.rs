@@ -100,25 +100,10 @@ async fn doctor_reports_a_missing_pgmq_queue_with_the_fix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_reports_an_inngest_app_not_synced_then_passes_once_it_is() {
     let db = database().await;
-    let emulator = redrive_inngest_emulator::Emulator::builder().start_local().await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("{}/api/inngest", listener.local_addr().unwrap());
-    let config =
-        redrive_inngest::InngestConfig::new(emulator.event_key(), emulator.signing_key(), format!("http://{endpoint}"))
-            .with_base_url(emulator.url())
-            .with_app_id("shop")
-            .allow_plain_http();
-    let backend = redrive_inngest::InngestBackend::connect(config, std::sync::Arc::new(db.clone())).await.unwrap();
-    let app = axum::Router::new().route("/api/inngest", backend.endpoint());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let shop = common::InngestApp::start(&db, "shop").await;
     let report = || {
-        let out = redrive_command(&format!("inngest+http://{endpoint}?app=shop"), db.schema())
-            .env("INNGEST_EVENT_KEY", emulator.event_key())
-            .env("INNGEST_SIGNING_KEY", emulator.signing_key())
-            .env("INNGEST_BASE_URL", emulator.url())
-            .args(["--json", "doctor"])
-            .output()
-            .unwrap();
+        let out =
+            redrive_command(&shop.url(), db.schema()).envs(shop.env()).args(["--json", "doctor"]).output().unwrap();
         let report: Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
         (out.status.code(), report)
@@ -130,7 +115,7 @@ async fn doctor_reports_an_inngest_app_not_synced_then_passes_once_it_is() {
     assert!(functions[0]["fix"].as_str().unwrap().contains("InngestBackend::sync"), "{unsynced:#}");
     assert_eq!(status(&unsynced, "inngest.endpoint")[0]["status"], "pass", "{unsynced:#}");
 
-    backend.sync().await.unwrap();
+    shop.backend.sync().await.unwrap();
     let (_, synced) = report();
     for rule in ["inngest.functions", "inngest.endpoint", "inngest.call-timeout", "pg.migrations"] {
         assert_eq!(status(&synced, rule)[0]["status"], "pass", "{rule}: {synced:#}");

@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use common::{database, redrive_command};
 use redrive_core::{DeadLetter, EnqueueExt, Job, JobContext, JobError, KeyBuilder, Worker};
-use redrive_inngest::{InngestBackend, InngestConfig};
-use redrive_inngest_emulator::Emulator;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -35,17 +33,9 @@ fn json(out: &Output) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_lists_replays_and_discards_inngest_records() {
-    let emulator = Emulator::builder().time_scale(0.01).start_local().await.unwrap();
     let store = database().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("{}/api/inngest", listener.local_addr().unwrap());
-    let config = InngestConfig::new(emulator.event_key(), emulator.signing_key(), format!("http://{endpoint}"))
-        .with_base_url(emulator.url())
-        .with_app_id("shop")
-        .allow_plain_http();
-    let backend = InngestBackend::connect(config, Arc::new(store.clone())).await.unwrap();
-    let app = axum::Router::new().route("/api/inngest", backend.endpoint());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let shop = common::InngestApp::start(&store, "shop").await;
+    let backend = shop.backend.clone();
     backend.sync().await.unwrap();
 
     let (carrier_down, shipped) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU32::new(0)));
@@ -73,15 +63,9 @@ async fn an_operator_lists_replays_and_discards_inngest_records() {
     .await
     .expect("both jobs end as records");
 
-    let target = format!("inngest+http://{endpoint}?app=shop");
+    let target = shop.url();
     let redrive = |args: &[&str]| {
-        redrive_command(&target, store.schema())
-            .env("INNGEST_EVENT_KEY", emulator.event_key())
-            .env("INNGEST_SIGNING_KEY", emulator.signing_key())
-            .env("INNGEST_BASE_URL", emulator.url())
-            .args(args)
-            .output()
-            .expect("the redrive binary runs")
+        redrive_command(&target, store.schema()).envs(shop.env()).args(args).output().expect("the redrive binary runs")
     };
     let listed = json(&redrive(&["--json", "failed", "list", "--kind", "ship"]));
     let records = listed.as_array().expect("a list");

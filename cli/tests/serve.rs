@@ -150,27 +150,12 @@ async fn the_dashboard_works_a_sqlite_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_works_an_inngest_app() {
     let db = database().await;
-    let emulator = redrive_inngest_emulator::Emulator::builder().time_scale(0.01).start_local().await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("{}/api/inngest", listener.local_addr().unwrap());
-    let config =
-        redrive_inngest::InngestConfig::new(emulator.event_key(), emulator.signing_key(), format!("http://{endpoint}"))
-            .with_base_url(emulator.url())
-            .with_app_id("shop")
-            .allow_plain_http();
-    let app = redrive_inngest::InngestBackend::connect(config, std::sync::Arc::new(db.clone())).await.unwrap();
-    let router = axum::Router::new().route("/api/inngest", app.endpoint());
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    app.sync().await.unwrap();
-    let env = [
-        ("INNGEST_EVENT_KEY", emulator.event_key().to_owned()),
-        ("INNGEST_SIGNING_KEY", emulator.signing_key().to_owned()),
-        ("INNGEST_BASE_URL", emulator.url()),
-    ];
-    let url = format!("inngest+http://{endpoint}?app=shop");
-    two_failures(&app).await;
-    let key = operate(&url, db.schema(), &app, &env).await;
+    let shop = common::InngestApp::start(&db, "shop").await;
+    shop.backend.sync().await.unwrap();
+    let (url, env) = (shop.url(), shop.env());
+    two_failures(&shop.backend).await;
+    let key = operate(&url, db.schema(), &shop.backend, &env).await;
     // The replay is a new event: Inngest calls the endpoint, and the job is there to claim.
-    back_once(&app, &key).await;
+    back_once(&shop.backend, &key).await;
     pause_and_resume(&url, db.schema(), &db, &env).await;
 }

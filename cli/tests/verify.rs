@@ -16,7 +16,6 @@ use common::{database, database_url, redrive_command, sqs_endpoint};
 use redrive_azure::{AzureBackend, QueueOptions};
 use redrive_core::kit::{Claim, Ledger};
 use redrive_core::{DeadLetter, Enqueue, EnqueueExt, JobError, RunningWorker, Worker};
-use redrive_inngest::{InngestBackend, InngestConfig};
 use redrive_qstash::{QStashBackend, QStashConfig};
 use redrive_qstash_emulator::{Emulator, RunningEmulator};
 use redrive_sqs::{QueueSetup, SqsBackend, SqsConfig};
@@ -380,39 +379,20 @@ async fn verify_passes_on_pgmq_beside_the_application() {
     assert_eq!(left, 0, "verify's messages are gone from the queue and its archive");
 }
 
-/// The application on Inngest: app `shop`, its endpoint at `/app` on a listener of this test,
-/// synced, and the emulator (the account verify shares with it).
-async fn inngest_application(
-    db: &redrive_postgres::PgBackend,
-) -> (redrive_inngest_emulator::Emulator, InngestBackend, String) {
-    let emulator = redrive_inngest_emulator::Emulator::builder().time_scale(0.01).start_local().await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}/app", listener.local_addr().unwrap());
-    let config = InngestConfig::new(emulator.event_key(), emulator.signing_key(), &endpoint)
-        .with_base_url(emulator.url())
-        .with_app_id("shop")
-        .allow_plain_http();
-    let backend = InngestBackend::connect(config, Arc::new(db.clone())).await.unwrap();
-    let app = axum::Router::new().route("/app", backend.endpoint());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    backend.sync().await.unwrap();
-    (emulator, backend, endpoint)
+/// The application on Inngest: app `shop`, synced, on the emulator (the account verify shares
+/// with it).
+async fn inngest_application(db: &redrive_postgres::PgBackend) -> common::InngestApp {
+    let shop = common::InngestApp::start(db, "shop").await;
+    shop.backend.sync().await.unwrap();
+    shop
 }
 
-fn inngest_target(
-    emulator: &redrive_inngest_emulator::Emulator,
-    schema: &str,
-    url: &str,
-    listen: std::net::SocketAddr,
-) -> Target {
+/// `redrive` pointed at `url` on the application's account, verify listening on `listen`.
+fn inngest_target(shop: &common::InngestApp, schema: &str, url: &str, listen: std::net::SocketAddr) -> Target {
     Target {
         url: url.to_owned(),
         schema: schema.to_owned(),
-        env: vec![
-            ("INNGEST_EVENT_KEY", emulator.event_key().to_owned()),
-            ("INNGEST_SIGNING_KEY", emulator.signing_key().to_owned()),
-            ("INNGEST_BASE_URL", emulator.url()),
-        ],
+        env: shop.env(),
         verify: vec!["--listen".to_owned(), listen.to_string()],
     }
 }
@@ -420,12 +400,13 @@ fn inngest_target(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_passes_on_inngest_beside_the_application() {
     let db = database().await;
-    let (emulator, backend, app_endpoint) = inngest_application(&db).await;
+    let shop = inngest_application(&db).await;
+    let (emulator, backend, app_endpoint) = (&shop.emulator, &shop.backend, &shop.endpoint);
     let app = application(backend.clone(), db.clone());
     // Verify's own endpoint on the same account, named with the application's app.
     let listen = free_address();
     let url = format!("inngest+http://{listen}/verify?app=shop");
-    verify_beside_the_application(&inngest_target(&emulator, db.schema(), &url, listen), &backend, app, false).await;
+    verify_beside_the_application(&inngest_target(&shop, db.schema(), &url, listen), backend, app, false).await;
     // The app, in the URL's query that the evidence leaves out, is part of what it holds for.
     let kept = Path::new(env!("CARGO_TARGET_TMPDIR")).join("verify-evidence").join("inngest+http");
     let found = std::fs::read_dir(&kept)
@@ -438,7 +419,7 @@ async fn verify_passes_on_inngest_beside_the_application() {
     // Verify's records were kept as its own app's, and are gone too.
     let own = format!("inngest+http://{listen}/verify?app=shop-verify");
     let records = redrive(
-        &inngest_target(&emulator, db.schema(), &own, listen),
+        &inngest_target(&shop, db.schema(), &own, listen),
         &["failed", "list", "--state", "all", "--kind", "redrive_verify"],
     );
     assert_eq!(records.status.code(), Some(2), "no record of verify's is left: {}", text(&records));
@@ -446,9 +427,9 @@ async fn verify_passes_on_inngest_beside_the_application() {
     // The application's registration is as it synced it; verify ran as an app of its own.
     let functions = emulator.functions();
     let of = |app: &str| functions.iter().filter(|f| f.app == app).map(|f| (f.id.clone(), f.url.clone())).collect();
-    let shop: Vec<(String, String)> = of("shop");
-    assert_eq!(shop.len(), 2, "{functions:?}");
-    assert!(shop.iter().all(|(_, url)| url.starts_with(&app_endpoint)), "{shop:?}");
+    let registered: Vec<(String, String)> = of("shop");
+    assert_eq!(registered.len(), 2, "{functions:?}");
+    assert!(registered.iter().all(|(_, url)| url.starts_with(app_endpoint.as_str())), "{registered:?}");
     let verifier: Vec<(String, String)> = of("shop-verify");
     assert_eq!(verifier.len(), 2, "{functions:?}");
     assert!(verifier.iter().all(|(_, url)| url.starts_with(&format!("http://{listen}/verify"))), "{verifier:?}");
@@ -463,7 +444,8 @@ async fn verify_passes_on_inngest_beside_the_application() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_on_inngest_refuses_the_application_s_endpoint_and_one_that_does_not_lead_to_it() {
     let db = database().await;
-    let (emulator, backend, app_endpoint) = inngest_application(&db).await;
+    let shop = inngest_application(&db).await;
+    let (emulator, backend) = (&shop.emulator, &shop.backend);
     let (worker, _) = application(backend.clone(), db.clone());
     let dir = tempfile::tempdir().unwrap();
     let args = vec!["verify".to_owned(), "--evidence".to_owned(), dir.path().to_str().unwrap().to_owned()];
@@ -471,15 +453,15 @@ async fn verify_on_inngest_refuses_the_application_s_endpoint_and_one_that_does_
         let args = args.clone();
         tokio::task::spawn_blocking(move || redrive(&target, &args.iter().map(String::as_str).collect::<Vec<_>>()))
     };
-    let taken = format!("{}?app=shop", app_endpoint.replacen("http", "inngest+http", 1));
-    let refused = run(inngest_target(&emulator, db.schema(), &taken, free_address())).await.unwrap();
+    let taken = shop.url();
+    let refused = run(inngest_target(&shop, db.schema(), &taken, free_address())).await.unwrap();
     assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
     assert!(text(&refused).contains("a receiver already answers"), "{}", text(&refused));
     let elsewhere = format!("inngest+http://{}/verify?app=shop", free_address());
-    let lost = run(inngest_target(&emulator, db.schema(), &elsewhere, free_address())).await.unwrap();
+    let lost = run(inngest_target(&shop, db.schema(), &elsewhere, free_address())).await.unwrap();
     assert_eq!(lost.status.code(), Some(1), "{}", text(&lost));
     assert!(text(&lost).contains("does not lead to --listen"), "{}", text(&lost));
-    let bare = run(Target { verify: Vec::new(), ..inngest_target(&emulator, db.schema(), &elsewhere, free_address()) });
+    let bare = run(Target { verify: Vec::new(), ..inngest_target(&shop, db.schema(), &elsewhere, free_address()) });
     let bare = bare.await.unwrap();
     assert_eq!(bare.status.code(), Some(1), "{}", text(&bare));
     assert!(text(&bare).contains("give --listen"), "{}", text(&bare));

@@ -107,3 +107,43 @@ pub fn serve_in(
     std::thread::spawn(move || lines.for_each(drop));
     (Served(child), url)
 }
+
+/// An Inngest app on the emulator (retries' backoff scaled a hundredfold down), its endpoint
+/// served by this process at `/api/inngest`, its records in `db`; not synced yet.
+pub struct InngestApp {
+    pub emulator: redrive_inngest_emulator::Emulator,
+    pub backend: redrive_inngest::InngestBackend,
+    /// The serve URL, `http://127.0.0.1:<port>/api/inngest`.
+    pub endpoint: String,
+}
+
+impl InngestApp {
+    pub async fn start(db: &PgBackend, app: &str) -> Self {
+        let emulator = redrive_inngest_emulator::Emulator::builder().time_scale(0.01).start_local().await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}/api/inngest", listener.local_addr().unwrap());
+        let config = redrive_inngest::InngestConfig::new(emulator.event_key(), emulator.signing_key(), &endpoint)
+            .with_base_url(emulator.url())
+            .with_app_id(app)
+            .allow_plain_http();
+        let backend = redrive_inngest::InngestBackend::connect(config, std::sync::Arc::new(db.clone())).await.unwrap();
+        let router = axum::Router::new().route("/api/inngest", backend.endpoint());
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        Self { emulator, backend, endpoint }
+    }
+
+    /// The URL `redrive` takes for the app.
+    pub fn url(&self) -> String {
+        let app = self.backend.config().app_id();
+        format!("{}?app={app}", self.endpoint.replacen("http://", "inngest+http://", 1))
+    }
+
+    /// The settings `redrive` takes from the environment for it.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("INNGEST_EVENT_KEY", self.emulator.event_key().to_owned()),
+            ("INNGEST_SIGNING_KEY", self.emulator.signing_key().to_owned()),
+            ("INNGEST_BASE_URL", self.emulator.url()),
+        ]
+    }
+}
