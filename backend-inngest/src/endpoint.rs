@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use crate::backend::{InngestBackend, Parcel, Verdict};
 use crate::config::STEP_RESERVE;
 use crate::signature;
-use crate::steps::{CARRIED, Mark, Progress, carry, mark_op, split_carried, wait_op};
+use crate::steps::{CARRIED, Mark, Progress, carry, job_id, mark_op, split_carried, wait_op};
 
 /// The SDK this endpoint answers as (Inngest takes a 2xx without it for something else's).
 const SDK: &str = concat!("rust:redrive-inngest:v", env!("CARGO_PKG_VERSION"));
@@ -216,8 +216,7 @@ async fn run(backend: &InngestBackend, request: &Value) -> Response {
     }
     let run_id = request["ctx"]["run_id"].as_str().unwrap_or_default().to_owned();
     // A continued run's job keeps the id of its first event.
-    let carried_id = carried.as_ref().and_then(|c| c.get("job")).and_then(Value::as_str);
-    let event_id = carried_id.or(event["id"].as_str()).unwrap_or(&run_id).to_owned();
+    let event_id = job_id(event, carried.as_ref()).unwrap_or(&run_id).to_owned();
     let (env, undecodable) = carried_job("inngest", &event_id, &text, Known::default(), Utc::now());
     let ctx_attempt = request["ctx"]["attempt"].as_u64().unwrap_or(0) as u32;
     // Inngest's calls again count up to one past the attempts the job has left: a call past

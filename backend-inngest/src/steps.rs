@@ -26,9 +26,18 @@ pub(crate) const CARRIED: &str = "redrive_carried";
 /// A call's event data as the job's body (without what a continued run carries), and what it
 /// carries.
 pub(crate) fn split_carried(data: &Value) -> (String, Option<Value>) {
-    let mut data = data.clone();
-    let carried = data.as_object_mut().and_then(|o| o.remove(CARRIED));
-    (serde_json::to_string(&data).unwrap_or_default(), carried)
+    // Only a continued run's data is copied to take the field out: every call comes here.
+    let Some(carried) = data.get(CARRIED) else {
+        return (serde_json::to_string(data).unwrap_or_default(), None);
+    };
+    let mut body = data.clone();
+    body.as_object_mut().map(|o| o.remove(CARRIED));
+    (serde_json::to_string(&body).unwrap_or_default(), Some(carried.clone()))
+}
+
+/// The job's id: a continued run's carries its first event's; otherwise the event's own.
+pub(crate) fn job_id<'a>(event: &'a Value, carried: Option<&'a Value>) -> Option<&'a str> {
+    carried.and_then(|c| c.get("job")).and_then(Value::as_str).or(event["id"].as_str())
 }
 
 /// What a run continued after `mark` carries: the job's id (its first event's), the spent

@@ -31,8 +31,7 @@ impl InngestBackend {
         // A continued run's event carries the job's first id and the runs before it.
         let (body, carried) = crate::steps::split_carried(&event["data"]);
         let before = crate::steps::Progress::read(&serde_json::Map::new(), carried.as_ref());
-        let carried_id = carried.as_ref().and_then(|c| c.get("job")).and_then(Value::as_str);
-        let event_id = carried_id.or(event["id"].as_str()).unwrap_or(run_id).to_owned();
+        let event_id = crate::steps::job_id(event, carried.as_ref()).unwrap_or(run_id).to_owned();
         let (env, undecodable) = carried_job("inngest", &event_id, &body, Known::default(), Utc::now());
         let error = match &data["error"] {
             Value::String(s) => s.clone(),

@@ -57,7 +57,7 @@ pub(crate) type ParkedCall = Call<Parcel, Verdict>;
 pub(crate) enum Verdict {
     /// 200: the run is complete.
     Done,
-    /// 206 with a mark (or, near the run's step limit, 200 after the run continues as a new one).
+    /// 206 with a mark: the attempts spent, an error, the wait.
     Mark(crate::steps::Mark),
     /// 206 with a sleep: a mark's wait.
     Wait(Duration),
